@@ -1,3 +1,46 @@
-"""durable: whole-or-nothing writes and verified reads."""
+"""durable: writes that are whole or visibly unfinished, reads that are right or loud.
+
+The public namespace is flat and explicit (``__all__``); everything else is private.
+"""
+
+from durable._atomic import atomic_write
+from durable._entry import Entry, EntryWriter, Problem, Status, VerifyReport
+from durable._errors import (
+    AlreadyCompleteError,
+    DurableError,
+    EntryExistsError,
+    IncompleteError,
+    IncompleteExistsError,
+    IntegrityError,
+    LeaseLostError,
+    MarkerError,
+    UnsupportedError,
+)
+from durable._protocol import Manifest, Marker, ObjectRecord, State
+from durable._verified import open_verified, read_verified
 from durable._version import __version__
-__all__ = ["__version__"]
+
+__all__ = [
+    "AlreadyCompleteError",
+    "DurableError",
+    "Entry",
+    "EntryExistsError",
+    "EntryWriter",
+    "IncompleteError",
+    "IncompleteExistsError",
+    "IntegrityError",
+    "LeaseLostError",
+    "Manifest",
+    "Marker",
+    "MarkerError",
+    "ObjectRecord",
+    "Problem",
+    "State",
+    "Status",
+    "UnsupportedError",
+    "VerifyReport",
+    "__version__",
+    "atomic_write",
+    "open_verified",
+    "read_verified",
+]

@@ -1,0 +1,506 @@
+"""Entries: data under one directory/prefix (or one object) with a commit marker written last.
+
+`Entry.writing()` records every object written through it (size and CRC32C as the bytes
+stream), makes them durable, and only then writes the marker, create-only. `state()`
+reports ABSENT / INCOMPLETE / COMPLETE; `verify()` checks the data against the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from durable._checksum import Checksum, crc_to_hex
+from durable._errors import (
+    AlreadyCompleteError,
+    DurableError,
+    IncompleteError,
+    IncompleteExistsError,
+    IntegrityError,
+    MarkerError,
+)
+from durable._protocol import (
+    MAX_MANIFEST_BYTES,
+    MAX_MARKER_BYTES,
+    Layout,
+    Manifest,
+    Marker,
+    ObjectRecord,
+    State,
+    attempt_record_bytes,
+    check_key,
+    new_attempt_id,
+)
+from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
+from durable.adapters.local import TMP_MARK
+
+__all__ = ["Entry", "EntryWriter", "Problem", "Status", "VerifyReport"]
+
+_READ_BLOCK = 8 * 1024 * 1024
+_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class Status:
+    """An entry's state with the reason for it and, if there is one, its marker."""
+
+    state: State
+    reason: str
+    marker: Marker | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One object that does not match the manifest."""
+
+    key: str
+    url: str
+    issue: Literal["missing", "size", "crc32c", "unexpected", "unreadable"]
+    expected: Any = None
+    found: Any = None
+
+    def __str__(self) -> str:
+        if self.issue == "missing":
+            return f"{self.url}: missing (expected {self.expected} bytes)"
+        if self.issue == "unexpected":
+            return f"{self.url}: not in the manifest ({self.found} bytes)"
+        if self.issue == "unreadable":
+            return f"{self.url}: unreadable ({self.found})"
+        return f"{self.url}: {self.issue} expected {self.expected}, found {self.found}"
+
+
+@dataclass
+class VerifyReport:
+    url: str
+    deep: bool
+    objects: int = 0
+    bytes_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def read_object_checksum(adapter: Adapter, path: str, info: ObjectInfo) -> Checksum:
+    """Stream one object through CRC32C, pinned to the version ``info`` names."""
+    ck = Checksum()
+    with adapter.open_read(path, info) as f:
+        while True:
+            block = f.read(_READ_BLOCK)
+            if not block:
+                break
+            ck.update(block)
+    return ck
+
+
+class Entry:
+    """A directory/prefix or a single object whose completeness is recorded by a marker.
+
+    ``url`` and ``storage_options`` are what fsspec and xarray take.
+    """
+
+    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None,
+                 adapter: Adapter | None = None) -> None:
+        if adapter is None:
+            adapter, path = resolve(url, storage_options)
+        else:
+            path = adapter.fs._strip_protocol(url)
+        self.adapter = adapter
+        self.layout = Layout(path)
+        self.path = self.layout.root
+        self.url = adapter.url(self.path)
+        self.storage_options = dict(storage_options or {})
+
+    def __repr__(self) -> str:
+        return f"Entry({self.url!r})"
+
+    def __fspath__(self) -> str:
+        if self.adapter.name != "local":
+            raise TypeError(f"{self.url} is not on the local file system")
+        return self.path
+
+    # reading the records -----------------------------------------------------------------
+    def read_marker(self) -> Marker | None:
+        """The marker with its manifest, None if there is none; MarkerError if untrustworthy."""
+        where = self.adapter.url(self.layout.marker)
+        try:
+            data = self.adapter.read(self.layout.marker, limit=MAX_MARKER_BYTES)
+        except ValueError as exc:
+            raise MarkerError(f"{where}: {exc}", url=where) from None
+        if data is None:
+            return None
+        marker = Marker.decode(data, where)
+        if marker.manifest_ref is not None:
+            mpath = self.layout.external_manifest(marker.manifest_ref.key)
+            murl = self.adapter.url(mpath)
+            try:
+                blob = self.adapter.read(mpath, limit=MAX_MANIFEST_BYTES)
+            except ValueError as exc:
+                raise MarkerError(f"{murl}: {exc}", url=murl) from None
+            if blob is None:
+                raise MarkerError(f"{murl}: the marker's external manifest is missing",
+                                  url=murl)
+            marker = marker.with_external_manifest(blob, murl)
+        return marker
+
+    def _object_path(self, key: str, marker: Marker) -> str:
+        return self.layout.object_path(key, marker.kind)
+
+    def _data_missing(self, marker: Marker) -> str | None:
+        """Why the committed data is no longer there, or None if it is.
+
+        Checks the first and last objects of the manifest (two stats, whatever the size of
+        the entry): enough to see data deleted by another tool. `verify` checks them all.
+        """
+        assert marker.manifest is not None
+        keys = sorted(marker.manifest.objects)
+        for key in {keys[0], keys[-1]} if keys else ():
+            path = self._object_path(key, marker)
+            info = self.adapter.info(path)
+            want = marker.manifest.objects[key].size
+            if info is None:
+                return f"{self.adapter.url(path)} is listed in the marker but missing"
+            if info.size != want:
+                return (f"{self.adapter.url(path)} is {info.size} bytes, the marker recorded "
+                        f"{want}")
+        return None
+
+    def status(self) -> Status:
+        marker = self.read_marker()
+        if marker is not None:
+            missing = self._data_missing(marker)
+            if missing is None:
+                return Status(State.COMPLETE, f"committed at {marker.committed_at} by attempt "
+                                              f"{marker.attempt}", marker)
+            return Status(State.INCOMPLETE, f"marker present but data gone: {missing}", marker)
+        if self.adapter.exists(self.path):
+            return Status(State.INCOMPLETE, "data present but no commit marker")
+        if self.adapter.exists(self.layout.records):
+            return Status(State.INCOMPLETE, "a writer started but has not committed")
+        return Status(State.ABSENT, "no marker and no data")
+
+    def state(self) -> State:
+        """ABSENT, INCOMPLETE or COMPLETE; a corrupt marker raises MarkerError."""
+        return self.status().state
+
+    def require_complete(self) -> Marker:
+        """The marker of a COMPLETE entry; IncompleteError naming the state otherwise."""
+        st = self.status()
+        if st.state is not State.COMPLETE:
+            raise IncompleteError(f"{self.url} is {st.state}: {st.reason}", url=self.url,
+                                  state=st.state)
+        assert st.marker is not None
+        return st.marker
+
+    # verifying ---------------------------------------------------------------------------
+    def _listing(self, marker: Marker) -> dict[str, ObjectInfo]:
+        if marker.kind == "object":
+            info = self.adapter.info(self.path)
+            return {"": info} if info is not None else {}
+        return self.adapter.list(self.path)
+
+    def verify(self, deep: bool = False, *, raise_errors: bool = True,
+               workers: int = _WORKERS) -> VerifyReport:
+        """Check every object against the manifest: sizes, and CRC32C with ``deep=True``.
+
+        Raises IntegrityError listing every mismatch (object, expected, found) unless
+        ``raise_errors=False``; IncompleteError if there is no marker at all.
+        """
+        marker = self.read_marker()
+        if marker is None:
+            st = self.status()
+            raise IncompleteError(f"{self.url} is {st.state}: {st.reason}; nothing to verify",
+                                  url=self.url, state=st.state)
+        assert marker.manifest is not None
+        report = VerifyReport(self.url, deep)
+        listing = self._listing(marker)
+        to_read: list[tuple[str, ObjectInfo, ObjectRecord]] = []
+        for key, rec in sorted(marker.manifest.objects.items()):
+            path = self._object_path(key, marker)
+            url = self.adapter.url(path)
+            report.objects += 1
+            found = listing.get(key)
+            if found is None:
+                report.problems.append(Problem(key, url, "missing", expected=rec.size))
+            elif found.size != rec.size:
+                report.problems.append(Problem(key, url, "size", rec.size, found.size))
+            elif deep:
+                to_read.append((key, found, rec))
+        for key in sorted(set(listing) - set(marker.manifest.objects)):
+            report.problems.append(Problem(key, self.adapter.url(listing[key].path),
+                                           "unexpected", found=listing[key].size))
+
+        def check(item: tuple[str, ObjectInfo, ObjectRecord]) -> Problem | None:
+            key, info, rec = item
+            url = self.adapter.url(info.path)
+            try:
+                ck = read_object_checksum(self.adapter, info.path, info)
+            except (OSError, DurableError) as exc:
+                return Problem(key, url, "unreadable", found=str(exc))
+            if ck.size != rec.size:
+                return Problem(key, url, "size", rec.size, ck.size)
+            if ck.crc != rec.crc32c:
+                return Problem(key, url, "crc32c", crc_to_hex(rec.crc32c), crc_to_hex(ck.crc))
+            return None
+
+        if to_read:
+            with ThreadPoolExecutor(max(1, workers)) as pool:
+                for item, problem in zip(to_read, pool.map(check, to_read), strict=True):
+                    report.bytes_checked += item[2].size
+                    if problem is not None:
+                        report.problems.append(problem)
+        if raise_errors and report.problems:
+            raise _report_error(report)
+        return report
+
+    # adopting, deleting ------------------------------------------------------------------
+    def mark_complete(self, *, workers: int = _WORKERS, force: bool = False) -> Marker:
+        """Adopt data written without `durable`: checksum what is there, write the marker.
+
+        It trusts what it adopts: run it only when nothing is writing the entry. A started
+        but uncommitted `durable` writer is refused unless ``force=True``.
+        """
+        st = self.status()
+        if st.state is State.COMPLETE:
+            raise AlreadyCompleteError(f"{self.url} is already COMPLETE", url=self.url)
+        if st.state is State.ABSENT:
+            raise IncompleteError(f"{self.url}: nothing to adopt (ABSENT)", url=self.url,
+                                  state=st.state)
+        if not force and self.adapter.list(self.layout.attempts):
+            raise IncompleteExistsError(
+                f"{self.url}: a durable writer started here and has not committed; it may "
+                "still be at work (pass force=True if you know it is dead)", url=self.url)
+        if st.marker is not None:
+            # A marker whose data is gone: it describes nothing; replace it.
+            self.adapter.delete([self.layout.marker])
+        single = self.adapter.info(self.path)
+        if single is not None:
+            kind: Literal["prefix", "object"] = "object"
+            listing = {"": single}
+        else:
+            kind = "prefix"
+            listing = {k: v for k, v in self.adapter.list(self.path).items()
+                       if TMP_MARK not in k.rpartition("/")[2]}
+            for k in listing:
+                check_key(k, self.url)
+        records = _checksum_all(self.adapter, listing, workers)
+        self.adapter.sync([i.path for i in listing.values()], _dirs_of(self, listing))
+        return self._write_marker(Marker.new(kind, new_attempt_id(), Manifest(records)))
+
+    def delete(self) -> None:
+        """Remove the entry: marker first, so a half-deleted entry is never COMPLETE."""
+        self.adapter.delete([self.layout.marker])
+        if self.adapter.info(self.path) is not None:
+            self.adapter.delete([self.path])
+        else:
+            self.adapter.delete_prefix(self.path)
+        self.adapter.delete_prefix(self.layout.records)
+
+    # writing -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def writing(self, *, overwrite: bool = False, resume: bool = False,
+                unrecorded: Literal["adopt", "error"] = "adopt") -> Iterator[EntryWriter]:
+        """Write the entry; the marker is committed on clean exit only.
+
+        Yields an `EntryWriter` whose ``fs``/``path`` are an fsspec filesystem and the
+        entry's path on it: every object written through them is recorded as it streams.
+
+        - COMPLETE entry: AlreadyCompleteError, or with ``overwrite=True`` the marker is
+          removed first (so no reader sees old marker over new data), then the data.
+        - INCOMPLETE entry: IncompleteExistsError, unless ``overwrite=True`` (start over)
+          or ``resume=True`` (keep what is there; objects not written by this writer are
+          adopted at commit).
+        - ``unrecorded``: objects that appear in the entry without passing through the
+          writer (written with another tool into ``writer.path``) are read and
+          checksummed at commit ("adopt"), or refused ("error").
+
+        On an exception (KeyboardInterrupt included) the marker is not written; a fresh
+        entry's objects are removed, a resumed one is left INCOMPLETE.
+        """
+        st = self.status()
+        fresh = True
+        if st.state is State.COMPLETE:
+            if not overwrite:
+                raise AlreadyCompleteError(f"{self.url} is already COMPLETE ({st.reason})",
+                                           url=self.url)
+            self._clear()
+        elif st.state is State.INCOMPLETE:
+            if overwrite:
+                self._clear()
+            elif resume:
+                fresh = False
+            else:
+                raise IncompleteExistsError(
+                    f"{self.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "
+                    "a writer still at work. Resolve it with Entry.delete() or "
+                    "`durable clean` once nothing writes it, or pass overwrite=True / "
+                    "resume=True", url=self.url)
+        writer = EntryWriter(self, new_attempt_id())
+        self.adapter.put(self.layout.attempt_record(writer.attempt),
+                         attempt_record_bytes(writer.attempt), durable=False)
+        try:
+            yield writer
+            writer._closed = True
+            self._commit(writer, unrecorded)
+        except BaseException:
+            writer._closed = True
+            with contextlib.suppress(Exception):
+                if fresh:
+                    self.adapter.delete_prefix(self.path)
+                    self.adapter.delete_prefix(self.layout.records)
+                else:
+                    self.adapter.delete([self.layout.attempt_record(writer.attempt)])
+            raise
+
+    def _clear(self) -> None:
+        # Marker first: from here on nobody can take this entry for COMPLETE.
+        self.adapter.delete([self.layout.marker])
+        self.adapter.delete_prefix(self.path)
+        self.adapter.delete_prefix(self.layout.records)
+
+    def _commit(self, writer: EntryWriter, unrecorded: Literal["adopt", "error"]) -> Marker:
+        listing = self.adapter.list(self.path)
+        # Temp files of writers killed mid-object never become part of an entry.
+        leftovers = [i.path for k, i in listing.items() if TMP_MARK in k.rpartition("/")[2]]
+        if leftovers:
+            self.adapter.delete(leftovers)
+            listing = {k: i for k, i in listing.items() if i.path not in leftovers}
+        recorded = writer.records()
+        problems = []
+        for key, rec in recorded.items():
+            found = listing.get(key)
+            url = self.adapter.url(f"{self.path}/{key}")
+            if found is None:
+                problems.append(f"{url}: written by this writer but gone at commit")
+            elif found.size != rec.size:
+                problems.append(f"{url}: written with {rec.size} bytes, {found.size} at "
+                                "commit (another writer?)")
+        if problems:
+            raise IntegrityError(f"{self.url}: not committing: " + "; ".join(problems),
+                                 url=self.url)
+        extra = {k: i for k, i in listing.items() if k not in recorded}
+        if extra and unrecorded == "error":
+            raise IntegrityError(
+                f"{self.url}: not committing: {len(extra)} objects were not written through "
+                f"the writer, e.g. {sorted(extra)[:3]}", url=self.url)
+        for k in extra:
+            check_key(k, self.url)
+        records = dict(recorded)
+        records.update(_checksum_all(self.adapter, extra, _WORKERS))
+        # The records dir was made by the attempt record without fsync: its entries in
+        # the parent must be durable before the marker inside it counts.
+        records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
+        self.adapter.sync([i.path for i in listing.values()],
+                          _dirs_of(self, listing) + records_dirs)
+        marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)))
+        self.adapter.delete([self.layout.attempt_record(writer.attempt)])
+        return marker
+
+    def _write_marker(self, marker: Marker) -> Marker:
+        data, external = marker.encode()
+        if external is not None:
+            self.adapter.put(self.layout.external_manifest(external[0]), external[1])
+        try:
+            # Create-only: of two writers finishing the same entry, exactly one commits.
+            self.adapter.put(self.layout.marker, data, create_only=True)
+        except FileExistsError:
+            raise AlreadyCompleteError(
+                f"{self.url}: another writer committed this entry first", url=self.url
+            ) from None
+        return marker
+
+
+class EntryWriter:
+    """What `Entry.writing()` yields: where to write, and the record of what was written."""
+
+    def __init__(self, entry: Entry, attempt: str) -> None:
+        from durable._recording import RecordingFileSystem
+
+        self.entry = entry
+        self.attempt = attempt
+        self.path = entry.path
+        self.url = entry.url
+        self._records: dict[str, ObjectRecord] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.fs = RecordingFileSystem(self)
+
+    def key_of(self, path: str) -> str:
+        """The manifest key of a path inside the entry; ValueError for one outside it."""
+        path = self.entry.adapter.fs._strip_protocol(path).rstrip("/")
+        prefix = self.path + "/"
+        if not path.startswith(prefix):
+            raise ValueError(f"{path!r} is outside the entry {self.url}")
+        return check_key(path[len(prefix):], self.url)
+
+    def open(self, key: str, *, create_only: bool = False) -> AtomicFile:
+        """An atomic file for ``key`` (relative to the entry), recorded when committed."""
+        if self._closed:
+            raise ValueError(f"{self.url}: the writing() block has ended")
+        check_key(key, self.url)
+        f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
+                                           durable=False)
+        f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc)
+        return f
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        with self.open(key) as f:
+            f.write(data)
+
+    def record(self, key: str, size: int, crc32c: int) -> None:
+        """Record an object written by other means whose size and CRC32C are known."""
+        check_key(key, self.url)
+        with self._lock:
+            self._records[key] = ObjectRecord(size, crc32c)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._records.pop(key, None)
+
+    def records(self) -> dict[str, ObjectRecord]:
+        with self._lock:
+            return dict(self._records)
+
+
+def _checksum_all(adapter: Adapter, listing: dict[str, ObjectInfo],
+                  workers: int) -> dict[str, ObjectRecord]:
+    def one(item: tuple[str, ObjectInfo]) -> tuple[str, ObjectRecord]:
+        key, info = item
+        ck = read_object_checksum(adapter, info.path, info)
+        if ck.size != info.size:
+            raise IntegrityError(
+                f"{adapter.url(info.path)}: listed with {info.size} bytes, read {ck.size}",
+                url=adapter.url(info.path), expected=info.size, found=ck.size)
+        return key, ObjectRecord(ck.size, ck.crc)
+
+    if not listing:
+        return {}
+    with ThreadPoolExecutor(max(1, min(workers, len(listing)))) as pool:
+        return dict(pool.map(one, listing.items()))
+
+
+def _dirs_of(entry: Entry, listing: dict[str, ObjectInfo]) -> list[str]:
+    """Every directory between the entry's objects and the entry's parent, once each."""
+    dirs = {entry.layout.parent, entry.path}
+    for key in listing:
+        parts = key.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            dirs.add(entry.path + "/" + "/".join(parts[:i]))
+    if len(listing) == 1 and "" in listing:
+        dirs.discard(entry.path)
+    return sorted(dirs)
+
+
+def _report_error(report: VerifyReport) -> IntegrityError:
+    shown = "; ".join(str(p) for p in report.problems[:20])
+    more = len(report.problems) - 20
+    tail = f"; and {more} more" if more > 0 else ""
+    first = report.problems[0]
+    return IntegrityError(
+        f"{report.url}: {len(report.problems)} of {report.objects} objects do not match the "
+        f"manifest: {shown}{tail}", url=first.url, expected=first.expected, found=first.found)

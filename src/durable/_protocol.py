@@ -1,0 +1,371 @@
+"""The commit protocol: states, where an entry's records live, and the marker format.
+
+Everything here is pure: no I/O, no fsspec, no cloud library. `docs/protocol.md` is the
+prose version for anyone writing a reader in another language; keep the two in step.
+
+Layout, for an entry at ``PARENT/NAME`` (a directory/prefix, or a single object)::
+
+    PARENT/NAME                          the data, exactly as the user's format lays it out
+    PARENT/.durable/NAME/commit.json     the commit marker, written last
+    PARENT/.durable/NAME/manifest-<attempt>.json
+                                         the manifest, when too large to inline
+    PARENT/.durable/NAME/attempts/<attempt>.json
+                                         "a writer started", removed after its commit
+
+The records sit beside the entry, not inside it: zarr-python warns about every object
+inside a group that is not a zarr node, so a marker inside a zarr store would make every
+`xarray.open_zarr` of a committed entry warn. The leading dot keeps pyarrow/dask dataset
+discovery and globbing of ``*.zarr`` from picking the records up.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from durable._checksum import crc32c, crc_from_hex, crc_to_hex
+from durable._errors import MarkerError
+from durable._version import __version__
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "MAX_MARKER_BYTES",
+    "Layout",
+    "Manifest",
+    "Marker",
+    "ObjectRecord",
+    "State",
+    "check_key",
+    "new_attempt_id",
+]
+
+FORMAT = "durable.commit"
+FORMAT_VERSION = 1
+RECORDS_DIR = ".durable"
+MARKER_NAME = "commit.json"
+# A marker is read before anything it says is trusted, so its size is capped: a hostile or
+# corrupt marker must not make a reader allocate gigabytes.
+MAX_MARKER_BYTES = 4 * 1024 * 1024
+MAX_MANIFEST_BYTES = 1024 * 1024 * 1024
+# Up to this many objects the manifest is inlined in the marker (one small GET to read).
+INLINE_MANIFEST_OBJECTS = 10_000
+
+Kind = Literal["prefix", "object"]
+
+
+class State(enum.Enum):
+    """The three states of an entry."""
+
+    ABSENT = "ABSENT"
+    """No marker and no object of the entry."""
+    INCOMPLETE = "INCOMPLETE"
+    """Objects exist, or a writer is at work, but there is no valid marker over whole data."""
+    COMPLETE = "COMPLETE"
+    """A valid marker exists and the entry's data is still there."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def new_attempt_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def check_key(key: object, where: str) -> str:
+    """Return ``key`` if it is a safe relative key inside an entry, else raise MarkerError.
+
+    A manifest names the objects a reader will open, stat and (on cleanup) delete, so a key
+    that could leave the entry (``..``, an absolute path, a backslash, an empty segment) is
+    refused here, before any path is built from it.
+    """
+    if not isinstance(key, str) or not key:
+        raise MarkerError(f"{where}: manifest key must be a non-empty string, got {key!r:.80}",
+                          url=where)
+    if "\x00" in key or "\\" in key or key.startswith("/") or len(key) > 4096:
+        raise MarkerError(f"{where}: manifest key {key!r:.80} is not a relative POSIX key",
+                          url=where)
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise MarkerError(
+                f"{where}: manifest key {key!r:.80} has a {part or 'empty'!r} segment; "
+                "keys must stay inside the entry", url=where)
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRecord:
+    size: int
+    crc32c: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "crc32c": crc_to_hex(self.crc32c)}
+
+    @classmethod
+    def from_json(cls, value: object, where: str) -> ObjectRecord:
+        if not isinstance(value, dict):
+            raise MarkerError(f"{where}: object record must be a JSON object", url=where)
+        size = value.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise MarkerError(f"{where}: size must be a non-negative integer, got {size!r:.40}",
+                              url=where)
+        try:
+            crc = crc_from_hex(value.get("crc32c"))
+        except ValueError as exc:
+            raise MarkerError(f"{where}: {exc}", url=where) from None
+        return cls(size, crc)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Every object of an entry: key relative to the entry -> size and CRC32C.
+
+    A single-object entry has exactly one key, ``""``.
+    """
+
+    objects: Mapping[str, ObjectRecord]
+
+    @property
+    def total_size(self) -> int:
+        return sum(r.size for r in self.objects.values())
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.objects)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: self.objects[k].to_json() for k in sorted(self.objects)}
+
+    @classmethod
+    def from_json(cls, value: object, where: str, kind: Kind) -> Manifest:
+        if not isinstance(value, dict):
+            raise MarkerError(f"{where}: manifest must be a JSON object", url=where)
+        objects: dict[str, ObjectRecord] = {}
+        for key, rec in value.items():
+            if kind == "object":
+                if key != "":
+                    raise MarkerError(f"{where}: a single-object entry's manifest has the one "
+                                      f"key '', found {key!r:.80}", url=where)
+            else:
+                check_key(key, where)
+            objects[key] = ObjectRecord.from_json(rec, f"{where} [{key}]")
+        if kind == "object" and len(objects) != 1:
+            raise MarkerError(f"{where}: a single-object entry records exactly one object, "
+                              f"found {len(objects)}", url=where)
+        return cls(objects)
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """Where an external manifest lives (a key in the records dir) and what it must be."""
+
+    key: str
+    size: int
+    crc32c: int
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The commit record. Valid only as a whole: any field out of place is a MarkerError."""
+
+    kind: Kind
+    attempt: str
+    committed_at: str
+    manifest: Manifest | None
+    manifest_ref: ManifestRef | None = None
+    writer: Mapping[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+
+    @classmethod
+    def new(cls, kind: Kind, attempt: str, manifest: Manifest) -> Marker:
+        return cls(kind=kind, attempt=attempt, committed_at=utc_now(), manifest=manifest,
+                   writer=writer_info())
+
+    def encode(self) -> tuple[bytes, tuple[str, bytes] | None]:
+        """Marker bytes, and (key, bytes) of the external manifest when one is needed."""
+        assert self.manifest is not None
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "version": self.version,
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "committed_at": self.committed_at,
+            "writer": dict(self.writer),
+            "count": len(self.manifest),
+            "total_size": self.manifest.total_size,
+        }
+        external = None
+        if len(self.manifest) <= INLINE_MANIFEST_OBJECTS:
+            doc["manifest"] = self.manifest.to_json()
+        else:
+            blob = _dumps({"format": FORMAT + ".manifest", "attempt": self.attempt,
+                           "manifest": self.manifest.to_json()})
+            key = f"manifest-{self.attempt}.json"
+            doc["manifest_ref"] = {"key": key, "size": len(blob),
+                                   "crc32c": crc_to_hex(crc32c(blob))}
+            external = (key, blob)
+        data = _dumps(doc)
+        if len(data) > MAX_MARKER_BYTES:
+            raise ValueError(f"marker would be {len(data)} bytes, over {MAX_MARKER_BYTES}")
+        return data, external
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> Marker:
+        if len(data) > MAX_MARKER_BYTES:
+            raise MarkerError(f"{where}: marker is {len(data)} bytes, over the limit of "
+                              f"{MAX_MARKER_BYTES}", url=where, expected=MAX_MARKER_BYTES,
+                              found=len(data))
+        doc = _loads(data, where)
+        if doc.get("format") != FORMAT:
+            raise MarkerError(f"{where}: not a durable commit marker (format "
+                              f"{doc.get('format')!r:.60}, expected {FORMAT!r})", url=where)
+        version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise MarkerError(f"{where}: bad format version {version!r:.40}", url=where)
+        if version > FORMAT_VERSION:
+            raise MarkerError(
+                f"{where}: marker format version {version} is newer than this durable "
+                f"({__version__}) reads (up to {FORMAT_VERSION}); upgrade durable-io",
+                url=where, expected=FORMAT_VERSION, found=version)
+        kind = doc.get("kind")
+        if kind not in ("prefix", "object"):
+            raise MarkerError(f"{where}: kind must be 'prefix' or 'object', got {kind!r:.40}",
+                              url=where)
+        attempt = doc.get("attempt")
+        committed_at = doc.get("committed_at")
+        if not isinstance(attempt, str) or not attempt.isalnum() or len(attempt) > 64:
+            raise MarkerError(f"{where}: bad attempt id {attempt!r:.80}", url=where)
+        if not isinstance(committed_at, str) or len(committed_at) > 64:
+            raise MarkerError(f"{where}: bad committed_at {committed_at!r:.80}", url=where)
+        writer = doc.get("writer", {})
+        if not isinstance(writer, dict):
+            raise MarkerError(f"{where}: writer must be a JSON object", url=where)
+        manifest = ref = None
+        if "manifest" in doc:
+            manifest = Manifest.from_json(doc["manifest"], where, kind)
+        elif isinstance(doc.get("manifest_ref"), dict):
+            r = doc["manifest_ref"]
+            key = r.get("key")
+            # The external manifest lives in the records dir: a plain file name, no path.
+            if (not isinstance(key, str) or "/" in key or key != f"manifest-{attempt}.json"):
+                raise MarkerError(f"{where}: manifest_ref key {key!r:.80} is not "
+                                  f"'manifest-{attempt}.json'", url=where)
+            rec = ObjectRecord.from_json(r, f"{where} manifest_ref")
+            if rec.size > MAX_MANIFEST_BYTES:
+                raise MarkerError(f"{where}: external manifest of {rec.size} bytes is over "
+                                  f"the limit of {MAX_MANIFEST_BYTES}", url=where)
+            ref = ManifestRef(key, rec.size, rec.crc32c)
+        else:
+            raise MarkerError(f"{where}: marker has neither 'manifest' nor 'manifest_ref'",
+                              url=where)
+        return cls(kind=kind, attempt=attempt, committed_at=committed_at, manifest=manifest,
+                   manifest_ref=ref, writer=writer, version=version)
+
+    def with_external_manifest(self, data: bytes, where: str) -> Marker:
+        """Attach the external manifest after checking it is the one the marker names."""
+        ref = self.manifest_ref
+        assert ref is not None
+        found = crc32c(data)
+        if len(data) != ref.size or found != ref.crc32c:
+            raise MarkerError(
+                f"{where}: external manifest is {len(data)} bytes with CRC32C "
+                f"{crc_to_hex(found)}; the marker recorded {ref.size} bytes with CRC32C "
+                f"{crc_to_hex(ref.crc32c)}", url=where,
+                expected=(ref.size, crc_to_hex(ref.crc32c)),
+                found=(len(data), crc_to_hex(found)))
+        doc = _loads(data, where)
+        if doc.get("attempt") != self.attempt:
+            raise MarkerError(f"{where}: external manifest belongs to attempt "
+                              f"{doc.get('attempt')!r:.40}, not {self.attempt}", url=where)
+        manifest = Manifest.from_json(doc.get("manifest"), where, self.kind)
+        return Marker(kind=self.kind, attempt=self.attempt, committed_at=self.committed_at,
+                      manifest=manifest, manifest_ref=ref, writer=self.writer,
+                      version=self.version)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the records of the entry at ``path`` live (paths as the filesystem spells them)."""
+
+    path: str
+
+    def __post_init__(self) -> None:
+        parent, _, name = self.path.rstrip("/").rpartition("/")
+        if not name or name in (".", "..", RECORDS_DIR):
+            raise ValueError(f"{self.path!r} cannot be an entry: it needs a name of its own")
+        if not parent:
+            # A bucket or a file-system root has no parent to hold its records.
+            raise ValueError(f"{self.path!r} cannot be an entry: it has no parent directory "
+                             "or prefix to hold its commit marker")
+
+    @property
+    def root(self) -> str:
+        return self.path.rstrip("/")
+
+    @property
+    def parent(self) -> str:
+        return self.root.rpartition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.root.rpartition("/")[2]
+
+    @property
+    def records(self) -> str:
+        return f"{self.parent}/{RECORDS_DIR}/{self.name}"
+
+    @property
+    def marker(self) -> str:
+        return f"{self.records}/{MARKER_NAME}"
+
+    @property
+    def attempts(self) -> str:
+        return f"{self.records}/attempts"
+
+    def attempt_record(self, attempt: str) -> str:
+        return f"{self.attempts}/{attempt}.json"
+
+    def external_manifest(self, key: str) -> str:
+        return f"{self.records}/{key}"
+
+    def object_path(self, key: str, kind: Kind) -> str:
+        """The path of a manifest key; the key was checked by `check_key` on decode."""
+        return self.root if kind == "object" else f"{self.root}/{key}"
+
+
+def writer_info() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "durable": __version__}
+
+
+def attempt_record_bytes(attempt: str) -> bytes:
+    return _dumps({"format": FORMAT + ".attempt", "attempt": attempt, "started_at": utc_now(),
+                   "writer": writer_info()})
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=False).encode()
+
+
+def _loads(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise MarkerError(f"{where}: not valid JSON ({exc})", url=where) from None
+    if not isinstance(doc, dict):
+        raise MarkerError(f"{where}: must be a JSON object, got {type(doc).__name__}",
+                          url=where)
+    return doc

@@ -1,0 +1,141 @@
+"""The fsspec filesystem `Entry.writing()` hands out: writes are atomic and recorded.
+
+Code that already writes through fsspec (``fs.open(p, "wb")``, ``fs.pipe_file``, a mapper,
+pandas, zarr's FsspecStore) gets, by using ``writer.fs``, every object's size and CRC32C
+recorded as it streams, so the commit needs no second read. Reads go to the real
+filesystem unchanged. Writes outside the entry are refused: they would not be covered by
+its marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import TYPE_CHECKING, Any
+
+from fsspec.spec import AbstractFileSystem
+
+from durable._errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from durable._entry import EntryWriter
+
+__all__ = ["RecordingFileSystem", "TextAtomicWriter"]
+
+_COPY_BLOCK = 8 * 1024 * 1024
+
+
+class TextAtomicWriter(io.TextIOWrapper):
+    """Text over an atomic file: an exception in ``with`` aborts instead of publishing."""
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            raw = self.buffer.raw if isinstance(self.buffer, io.BufferedWriter) else None
+            if raw is not None and hasattr(raw, "abort"):
+                raw.abort()
+        self.close()
+
+
+class RecordingFileSystem(AbstractFileSystem):
+    cachable = False  # one instance per writer: its records must not be shared
+    protocol = ("durable-writing",)
+
+    def __init__(self, writer: EntryWriter, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.writer = writer
+        self.fs = writer.entry.adapter.fs
+        self.sep = getattr(self.fs, "sep", "/")
+
+    def _strip_protocol(self, path: Any) -> Any:  # type: ignore[override]
+        if isinstance(path, list):
+            return [self.fs._strip_protocol(p) for p in path]
+        return self.fs._strip_protocol(path)
+
+    def unstrip_protocol(self, name: str) -> str:
+        return str(self.fs.unstrip_protocol(name))
+
+    # writes -------------------------------------------------------------------------------
+    def open(self, path: str, mode: str = "rb", block_size: Any = None,
+             cache_options: Any = None, compression: Any = None, **kwargs: Any) -> Any:
+        path = self._strip_protocol(path)
+        if "r" in mode and "+" not in mode:
+            return self.fs.open(path, mode, block_size=block_size,
+                                cache_options=cache_options, compression=compression,
+                                **kwargs)
+        if mode.replace("b", "").replace("t", "") not in ("w", "x"):
+            raise UnsupportedError(f"{path}: mode {mode!r} cannot be made atomic; write "
+                                   "whole objects ('wb'/'xb')")
+        if compression:
+            raise UnsupportedError("compression= is not supported by durable writers")
+        f = self.writer.open(self.writer.key_of(path), create_only=mode.startswith("x"))
+        f.commit_on_close = True  # fsspec semantics: close() publishes
+        if "b" in mode:
+            return f
+        return TextAtomicWriter(io.BufferedWriter(f), encoding=kwargs.get("encoding"),
+                                newline=kwargs.get("newline"))
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite",
+                  **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        with self.writer.open(self.writer.key_of(path), create_only=mode == "create") as f:
+            f.write(value)
+
+    def put_file(self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite",
+                 **kwargs: Any) -> None:
+        rpath = self._strip_protocol(rpath)
+        with open(lpath, "rb") as src, self.writer.open(
+                self.writer.key_of(rpath), create_only=mode == "create") as f:
+            while block := src.read(_COPY_BLOCK):
+                f.write(block)
+
+    def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        self.pipe_file(path, b"")
+
+    def rm_file(self, path: str) -> None:
+        path = self._strip_protocol(path)
+        key = self.writer.key_of(path)
+        self.fs.rm_file(path)
+        self.writer.forget(key)
+
+    def _rm(self, path: str) -> None:
+        self.rm_file(path)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: Any = None) -> None:
+        paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        for p in reversed(paths):
+            if self.fs.isfile(p):
+                self.rm_file(p)
+            elif hasattr(self.fs, "rmdir"):
+                with contextlib.suppress(OSError, NotImplementedError):
+                    self.fs.rmdir(p)
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        self.fs.mkdir(self._strip_protocol(path), create_parents=create_parents, **kwargs)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.fs.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        with self.fs.open(self._strip_protocol(path1), "rb") as src, self.open(
+                path2, "wb") as dst:
+            while block := src.read(_COPY_BLOCK):
+                dst.write(block)
+
+    def mv(self, path1: str, path2: str, **kwargs: Any) -> None:
+        raise UnsupportedError("mv inside a durable writer is not atomic; write in place")
+
+    # reads: straight to the real filesystem --------------------------------------------
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        return self.fs.ls(self._strip_protocol(path), detail=detail, **kwargs)
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        return self.fs.info(self._strip_protocol(path), **kwargs)
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
+        return self.fs.cat_file(self._strip_protocol(path), start=start, end=end, **kwargs)
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        return bool(self.fs.exists(self._strip_protocol(path), **kwargs))
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self.fs.invalidate_cache(path)

@@ -1,0 +1,225 @@
+"""Verified reads: bytes come back only if their length and CRC32C are what was recorded.
+
+A short body (incident 003's download shorter than its Content-Length), an error document
+served as the object, an object short by whole parts behind a full-size HEAD (incident
+002), a flipped byte: each is an IntegrityError naming the object, and none of its bytes
+are returned by `read_verified`.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from durable._checksum import Checksum, crc_to_hex
+from durable._entry import Entry
+from durable._errors import IncompleteError, IntegrityError
+from durable._protocol import RECORDS_DIR, ObjectRecord, State
+from durable.adapters import Adapter, ObjectInfo, resolve
+
+__all__ = ["find_record", "open_verified", "read_verified"]
+
+_MAX_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The record an object is checked against, and the entry that holds it."""
+
+    record: ObjectRecord
+    entry: str
+
+
+def find_record(adapter: Adapter, path: str) -> Recorded | None:
+    """The manifest record of ``path``: as a single-object entry, or inside the nearest
+    enclosing entry (walking up at most 32 levels, one marker read per level)."""
+    path = path.rstrip("/")
+    root, key = path, ""
+    for _ in range(_MAX_DEPTH):
+        if "/" not in root.strip("/") or root.rpartition("/")[2] == RECORDS_DIR:
+            return None
+        entry = Entry(root, adapter=adapter)
+        marker = entry.read_marker()
+        if marker is not None:
+            assert marker.manifest is not None
+            if marker.kind == "object":
+                if key:
+                    return None
+                return Recorded(marker.manifest.objects[""], entry.url)
+            rec = marker.manifest.objects.get(key)
+            if rec is None:
+                if key == "":
+                    return None
+                raise IntegrityError(
+                    f"{adapter.url(path)} is not in the manifest of the committed entry "
+                    f"{entry.url}: not part of what was committed", url=adapter.url(path),
+                    expected="an object listed in the manifest", found="an unlisted object")
+            return Recorded(rec, entry.url)
+        root, _, name = root.rpartition("/")
+        key = f"{name}/{key}" if key else name
+    return None
+
+
+def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
+              require_record: bool) -> tuple[int | None, int | None]:
+    if size is not None or crc32c is not None:
+        return size, crc32c
+    found = find_record(adapter, path)
+    if found is None:
+        if require_record:
+            raise IncompleteError(
+                f"{adapter.url(path)}: no commit record covers this object, so there is "
+                "nothing to verify it against (write it with durable.atomic_write or "
+                "Entry.writing(), adopt it with Entry.mark_complete(), or pass "
+                "expected_size=/expected_crc32c=)", url=adapter.url(path),
+                state=State.INCOMPLETE)
+        return None, None
+    return found.record.size, found.record.crc32c
+
+
+def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
+                  expected_size: int | None = None, expected_crc32c: int | None = None,
+                  require_record: bool = True) -> bytes:
+    """The whole object, only if its length and CRC32C match the record.
+
+    The record is the object's commit marker (or its entry's manifest), unless
+    ``expected_size``/``expected_crc32c`` are given. Without either: IncompleteError,
+    unless ``require_record=False``, in which case only the length the store declares is
+    checked against the bytes that arrive.
+    """
+    adapter, path = resolve(url, storage_options)
+    size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record)
+    with open_verified_path(adapter, path, size, crc) as f:
+        return f.read()
+
+
+def open_verified(url: str, mode: str = "rb", *,
+                  storage_options: dict[str, Any] | None = None,
+                  expected_size: int | None = None, expected_crc32c: int | None = None,
+                  require_record: bool = True) -> BinaryIO:
+    """A read-only file that raises IntegrityError instead of returning wrong bytes.
+
+    Every read is checked against the recorded length (a short body raises, it is never
+    taken for end of file). Read front to back, the CRC32C is checked as the bytes pass
+    and a mismatch raises on the read that reaches the end, withholding that read's bytes.
+    On the first seek away from sequential order (torch.load and zip readers jump to the
+    end first), the whole object is checked once before any byte is returned.
+    """
+    if mode not in ("rb", "r"):
+        raise ValueError(f"open_verified reads bytes: mode must be 'rb', got {mode!r}")
+    adapter, path = resolve(url, storage_options)
+    size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record)
+    return open_verified_path(adapter, path, size, crc)
+
+
+def open_verified_path(adapter: Adapter, path: str, size: int | None,
+                       crc32c: int | None) -> BinaryIO:
+    url = adapter.url(path)
+    info = adapter.info(path)
+    if info is None:
+        if size is not None:
+            raise IntegrityError(f"{url}: recorded with {size} bytes but missing", url=url,
+                                 expected=size, found="missing")
+        raise FileNotFoundError(url)
+    if size is not None and info.size != size:
+        raise IntegrityError(f"{url}: recorded with {size} bytes, the store says {info.size}",
+                             url=url, expected=size, found=info.size)
+    raw = VerifiedReader(adapter, path, info, crc32c)
+    return io.BufferedReader(raw, buffer_size=1024 * 1024)
+
+
+class VerifiedReader(io.RawIOBase):
+    """Reads one pinned object version and refuses short, long or corrupt bytes."""
+
+    def __init__(self, adapter: Adapter, path: str, info: ObjectInfo,
+                 crc32c: int | None) -> None:
+        super().__init__()
+        self._adapter = adapter
+        self._path = path
+        self._url = adapter.url(path)
+        self._info = info
+        self._size = info.size
+        self._crc = crc32c
+        self._f = adapter.open_read(path, info)
+        self._pos = 0
+        self._seq = Checksum()  # CRC of bytes [0, _seq.size) read in order
+        self._verified = crc32c is None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size + offset
+        else:
+            raise ValueError(f"bad whence {whence}")
+        if pos < 0:
+            raise ValueError("negative seek position")
+        if pos != self._pos and not self._verified and pos != self._seq.size:
+            self._verify_whole()
+        self._f.seek(pos)
+        self._pos = pos
+        return pos
+
+    def _verify_whole(self) -> None:
+        ck = Checksum()
+        with self._adapter.open_read(self._path, self._info) as f:
+            while block := f.read(8 * 1024 * 1024):
+                ck.update(block)
+        self._check(ck)
+        self._verified = True
+
+    def _check(self, ck: Checksum) -> None:
+        if ck.size != self._size:
+            raise IntegrityError(
+                f"{self._url}: {ck.size} bytes arrived, {self._size} expected (a short or "
+                "truncated body)", url=self._url, expected=self._size, found=ck.size)
+        if self._crc is not None and ck.crc != self._crc:
+            raise IntegrityError(
+                f"{self._url}: CRC32C {crc_to_hex(ck.crc)}, the record says "
+                f"{crc_to_hex(self._crc)} (corrupt data)", url=self._url,
+                expected=crc_to_hex(self._crc), found=crc_to_hex(ck.crc))
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), max(0, self._size - self._pos))
+        if want == 0:
+            # At the recorded end: a store with more bytes than recorded is not whole.
+            if self._pos == self._size and self._f.read(1):
+                raise IntegrityError(f"{self._url}: longer than the {self._size} bytes "
+                                     "recorded", url=self._url, expected=self._size,
+                                     found=f"more than {self._size}")
+            return 0
+        view = memoryview(buffer).cast("B")[:want]
+        got = 0
+        while got < want:
+            chunk = self._f.read(want - got)
+            if not chunk:
+                raise IntegrityError(
+                    f"{self._url}: body ended at byte {self._pos + got} of {self._size} "
+                    "(short read: shorter than its declared length)", url=self._url,
+                    expected=self._size, found=self._pos + got)
+            view[got:got + len(chunk)] = chunk
+            got += len(chunk)
+        if not self._verified and self._pos == self._seq.size:
+            self._seq.update(view[:got])
+            if self._seq.size == self._size:
+                self._check(self._seq)  # raises before these bytes are handed out
+                self._verified = True
+        self._pos += got
+        return got
+
+    def close(self) -> None:
+        if not self.closed:
+            self._f.close()
+        super().close()

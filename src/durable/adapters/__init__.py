@@ -1,0 +1,80 @@
+"""One adapter per store type, found by fsspec protocol.
+
+The core only ever asks for `resolve(url, storage_options)`; it never imports a cloud
+library. Adapters for stores whose client is an optional extra are named here as strings
+and imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from typing import Any
+
+from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+
+__all__ = [
+    "Adapter",
+    "AtomicFile",
+    "Capabilities",
+    "ObjectInfo",
+    "adapter_for_fs",
+    "register_adapter",
+    "resolve",
+]
+
+_REGISTRY: dict[str, str] = {
+    "file": "durable.adapters.local:LocalAdapter",
+    "local": "durable.adapters.local:LocalAdapter",
+    "memory": "durable.adapters.memory:MemoryAdapter",
+    "s3": "durable.adapters.s3:S3Adapter",
+    "s3a": "durable.adapters.s3:S3Adapter",
+    "gs": "durable.adapters.gcs:GCSAdapter",
+    "gcs": "durable.adapters.gcs:GCSAdapter",
+    "abfs": "durable.adapters.azure:AzureAdapter",
+    "abfss": "durable.adapters.azure:AzureAdapter",
+    "az": "durable.adapters.azure:AzureAdapter",
+}
+_GENERIC = "durable.adapters.generic:GenericAdapter"
+_CACHE: dict[int, Adapter] = {}
+_LOCK = threading.Lock()
+
+
+def register_adapter(protocol: str, target: str | type[Adapter]) -> None:
+    """Use ``target`` (a class, or "module:Class") for filesystems of ``protocol``."""
+    if isinstance(target, type):
+        target = f"{target.__module__}:{target.__qualname__}"
+    _REGISTRY[protocol] = target
+    with _LOCK:
+        _CACHE.clear()
+
+
+def _load(target: str) -> type[Adapter]:
+    module, _, name = target.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert isinstance(cls, type) and issubclass(cls, Adapter)
+    return cls
+
+
+def adapter_for_fs(fs: Any) -> Adapter:
+    """The adapter for an fsspec filesystem instance (one per instance, reused)."""
+    key = id(fs)
+    with _LOCK:
+        adapter = _CACHE.get(key)
+        if adapter is not None and adapter.fs is fs:
+            return adapter
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    target = next((_REGISTRY[p] for p in protocols if p in _REGISTRY), _GENERIC)
+    adapter = _load(target)(fs)
+    with _LOCK:
+        _CACHE[key] = adapter
+    return adapter
+
+
+def resolve(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> tuple[Adapter, str]:
+    """(adapter, path) for a URL, the way fsspec and xarray name places."""
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(os.fspath(url), **(storage_options or {}))
+    return adapter_for_fs(fs), path

@@ -1,0 +1,278 @@
+"""The one small base every store adapter implements.
+
+An adapter turns a store's primitives into the few operations the protocol needs: write a
+whole object or nothing (optionally create-only), make what was written durable, stat, list,
+read pinned to a version, delete. Everything else (markers, manifests, states, verified
+reads) is built once, in the core, on top of these.
+"""
+
+from __future__ import annotations
+
+import io
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, BinaryIO, ClassVar, Literal
+
+from durable._checksum import Checksum, crc32c, crc_to_hex
+from durable._errors import IntegrityError
+
+__all__ = ["Adapter", "AtomicFile", "Capabilities", "ObjectInfo", "VerifyLevel"]
+
+VerifyLevel = Literal["none", "size", "probe", "full"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What a stat or a listing says of one object.
+
+    ``version`` is whatever pins a read to this exact object (an ETag, a generation, a
+    local inode and mtime); None where the store has nothing usable.
+    """
+
+    path: str
+    size: int
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter guarantees; `docs/guarantees.md` has the table, per backend."""
+
+    atomic_objects: bool
+    """An object written through `open_atomic` appears whole or not at all."""
+    create_only: bool
+    """`create_only=True` is enforced by the store (exactly one of racing writers wins)."""
+    durable: bool
+    """Committed data survives a crash of the machine (fsync, or a store's own durability)."""
+    pinned_reads: bool
+    """Reads can be pinned to the version seen at open (a replaced object is an error)."""
+    note: str = ""
+
+
+class AtomicFile(io.RawIOBase):
+    """A write-only file whose bytes become the target only at `commit`.
+
+    Subclasses implement `_write`, `_commit` and `_abort`; this class counts size and CRC32C
+    as bytes pass, and makes leaving a ``with`` block by any exception (KeyboardInterrupt
+    included) abort rather than publish.
+    """
+
+    #: fsspec semantics (close() publishes) for files handed to code that expects them;
+    #: otherwise close() without commit() aborts. Either way, leaving a ``with`` block by an
+    #: exception aborts, and so does garbage collection of a file never closed.
+    commit_on_close: bool = False
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.checksum = Checksum()
+        self.info: ObjectInfo | None = None
+        self.on_commit: Callable[[AtomicFile], None] | None = None
+        self._done = False
+
+    # io.RawIOBase plumbing ---------------------------------------------------------------
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if self._done:
+            if self.info is None:
+                # Aborted: a wrapper flushing its buffer on the way out publishes nothing.
+                return view.nbytes
+            raise ValueError(f"{self.path}: write to an atomic file already committed")
+        self.checksum.update(view)
+        self._write(view)
+        return view.nbytes
+
+    def commit(self) -> ObjectInfo:
+        """Publish the object whole; after this it is visible and (per adapter) durable."""
+        if self._done:
+            if self.info is None:
+                raise ValueError(f"{self.path}: atomic file was aborted")
+            return self.info
+        self._done = True
+        try:
+            self.info = self._commit()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            super().close()
+        if self.on_commit is not None:
+            self.on_commit(self)
+        return self.info
+
+    def abort(self) -> None:
+        """Drop everything written; the target is left as it was."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._abort()
+        finally:
+            super().close()
+
+    def tell(self) -> int:
+        return self.checksum.size
+
+    def close(self) -> None:
+        if not self._done:
+            if self.commit_on_close:
+                self.commit()
+            else:
+                self.abort()
+
+    def __del__(self) -> None:
+        # Never publish from the garbage collector: a file dropped without close() is a
+        # writer that died part-way (s3fs commits in that case; we do not).
+        if not getattr(self, "_done", True):
+            self.abort()
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    @abstractmethod
+    def _write(self, data: memoryview) -> None: ...
+
+    @abstractmethod
+    def _commit(self) -> ObjectInfo: ...
+
+    @abstractmethod
+    def _abort(self) -> None: ...
+
+
+class Adapter(ABC):
+    """Base of the adapters: one instance per fsspec filesystem object.
+
+    Paths are as the filesystem spells them (no protocol), as `fsspec.core.url_to_fs`
+    returns them.
+    """
+
+    protocols: ClassVar[tuple[str, ...]] = ()
+    capabilities: ClassVar[Capabilities]
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__.removesuffix("Adapter").lower()
+
+    def url(self, path: str) -> str:
+        """A URL for messages and for reopening: the path with the filesystem's protocol."""
+        return str(self.fs.unstrip_protocol(path))
+
+    # writing ------------------------------------------------------------------------------
+    @abstractmethod
+    def open_atomic(self, path: str, *, create_only: bool = False,
+                    durable: bool = True) -> AtomicFile:
+        """A file that publishes ``path`` whole at commit, or leaves it untouched.
+
+        ``create_only``: fail with FileExistsError if ``path`` exists at commit.
+        ``durable=False``: skip per-object durability; the caller makes a batch durable
+        later with `sync` (an entry commit does, once for all its objects).
+        """
+
+    def put(self, path: str, data: bytes, *, create_only: bool = False,
+            durable: bool = True) -> ObjectInfo:
+        with self.open_atomic(path, create_only=create_only, durable=durable) as f:
+            f.write(data)
+        assert f.info is not None
+        return f.info
+
+    def sync(self, paths: Iterable[str], dirs: Iterable[str] = ()) -> None:  # noqa: B027
+        """Make objects written with ``durable=False`` durable; a no-op where puts are."""
+
+    # reading ------------------------------------------------------------------------------
+    @abstractmethod
+    def info(self, path: str) -> ObjectInfo | None:
+        """Stat one object; None if it does not exist (a prefix is not an object)."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> dict[str, ObjectInfo]:
+        """Every object below ``prefix``, keyed by path relative to it; {} if none."""
+
+    @abstractmethod
+    def exists(self, path: str) -> bool:
+        """An object at ``path`` or any object below it."""
+
+    @abstractmethod
+    def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
+        """A seekable reader of the object `info` describes; raise if it was replaced."""
+
+    def read(self, path: str, *, limit: int | None = None) -> bytes | None:
+        """The whole object, or None if absent; over ``limit`` bytes raises ValueError."""
+        info = self.info(path)
+        if info is None:
+            return None
+        if limit is not None and info.size > limit:
+            raise ValueError(f"{self.url(path)} is {info.size} bytes, over the limit of "
+                             f"{limit}")
+        with self.open_read(path, info) as f:
+            # Read one byte past the size: a body longer than its stat is caught too.
+            return f.read(info.size + 1)
+
+    # verifying what was just written -------------------------------------------------------
+    #: What `atomic_write` checks after a write when not told: see `verify_written`.
+    default_verify: ClassVar[VerifyLevel] = "size"
+
+    def verify_written(self, path: str, checksum: Checksum, level: VerifyLevel) -> None:
+        """Check a just-written object against what the writer sent.
+
+        ``"size"``: one stat. ``"probe"``: also read the last byte, and on stores with parts
+        the last byte of every part (a whole lost part with a full-size HEAD, incident 002).
+        ``"full"``: read everything back and compare the CRC32C.
+        """
+        if level == "none":
+            return
+        url = self.url(path)
+        info = self.info(path)
+        if info is None:
+            raise IntegrityError(f"{url}: written but not found afterwards", url=url)
+        if info.size != checksum.size:
+            raise IntegrityError(f"{url}: wrote {checksum.size} bytes, the store holds "
+                                 f"{info.size}", url=url, expected=checksum.size,
+                                 found=info.size)
+        if level == "probe":
+            self.probe(path, info)
+        elif level == "full":
+            crc, size = 0, 0
+            with self.open_read(path, info) as f:
+                while block := f.read(8 * 1024 * 1024):
+                    crc, size = crc32c(block, crc), size + len(block)
+            if (size, crc) != (checksum.size, checksum.crc):
+                raise IntegrityError(
+                    f"{url}: read back {size} bytes with CRC32C {crc_to_hex(crc)}, wrote "
+                    f"{checksum.size} with {crc_to_hex(checksum.crc)}", url=url,
+                    expected=(checksum.size, crc_to_hex(checksum.crc)),
+                    found=(size, crc_to_hex(crc)))
+
+    def probe(self, path: str, info: ObjectInfo) -> None:
+        """Read the object's last byte: an object shorter than its stat fails here."""
+        if info.size == 0:
+            return
+        with self.open_read(path, info) as f:
+            f.seek(info.size - 1)
+            got = f.read(2)
+        if len(got) != 1:
+            url = self.url(path)
+            raise IntegrityError(f"{url}: stat says {info.size} bytes but byte "
+                                 f"{info.size - 1} cannot be read", url=url,
+                                 expected=info.size, found=f"{len(got)} bytes at the end")
+
+    # removing -----------------------------------------------------------------------------
+    @abstractmethod
+    def delete(self, paths: Iterable[str]) -> None:
+        """Remove objects; missing ones are ignored."""
+
+    @abstractmethod
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove ``prefix`` and everything below it; missing is fine."""

@@ -1,0 +1,111 @@
+"""fsspec's in-process memory filesystem: the adapter tests and examples lean on.
+
+Atomic by construction (an object is one dict assignment), create-only under a lock, not
+durable (it lives and dies with the process) and not shared between processes.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Iterable
+from typing import Any, BinaryIO
+
+from durable._errors import IntegrityError
+from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+
+__all__ = ["MemoryAdapter"]
+
+# One lock for all MemoryFileSystem instances: they share one class-level store.
+_LOCK = threading.Lock()
+
+
+def _version(obj: Any) -> str:
+    # A new MemoryFile object is made for every write: its identity pins the version.
+    return f"{id(obj):x}:{len(obj.getbuffer())}"
+
+
+class _MemoryAtomicFile(AtomicFile):
+    def __init__(self, fs: Any, path: str, *, create_only: bool) -> None:
+        super().__init__(path)
+        self._fs = fs
+        self._buf = io.BytesIO()
+        self._create_only = create_only
+
+    def _write(self, data: memoryview) -> None:
+        self._buf.write(data)
+
+    def _commit(self) -> ObjectInfo:
+        from fsspec.implementations.memory import MemoryFile
+
+        key = self._fs._strip_protocol(self.path)
+        obj = MemoryFile(self._fs, key, self._buf.getvalue())
+        with _LOCK:
+            if self._create_only and key in self._fs.store:
+                raise FileExistsError(f"memory://{key} exists (create-only write)")
+            if key in self._fs.pseudo_dirs:
+                raise IsADirectoryError(f"memory://{key} is a directory")
+            self._fs.makedirs(self._fs._parent(key), exist_ok=True)
+            obj.commit()
+        return ObjectInfo(self.path, len(obj.getbuffer()), _version(obj))
+
+    def _abort(self) -> None:
+        self._buf = io.BytesIO()
+
+
+class MemoryAdapter(Adapter):
+    protocols = ("memory",)
+    capabilities = Capabilities(
+        atomic_objects=True, create_only=True, durable=False, pinned_reads=True,
+        note="one process only; gone when the process exits",
+    )
+
+    def open_atomic(self, path: str, *, create_only: bool = False,
+                    durable: bool = True) -> AtomicFile:
+        return _MemoryAtomicFile(self.fs, path, create_only=create_only)
+
+    def _get(self, path: str) -> Any:
+        return self.fs.store.get(self.fs._strip_protocol(path))
+
+    def info(self, path: str) -> ObjectInfo | None:
+        obj = self._get(path)
+        if obj is None:
+            return None
+        return ObjectInfo(path, len(obj.getbuffer()), _version(obj))
+
+    def list(self, prefix: str) -> dict[str, ObjectInfo]:
+        root = self.fs._strip_protocol(prefix).rstrip("/") + "/"
+        with _LOCK:
+            items = [(k, v) for k, v in self.fs.store.items() if k.startswith(root)]
+        return {k[len(root):]: ObjectInfo(k, len(v.getbuffer()), _version(v))
+                for k, v in sorted(items)}
+
+    def exists(self, path: str) -> bool:
+        key = self.fs._strip_protocol(path).rstrip("/")
+        with _LOCK:
+            return key in self.fs.store or any(
+                k.startswith(key + "/") for k in self.fs.store)
+
+    def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
+        obj = self._get(path)
+        if obj is None:
+            raise FileNotFoundError(path)
+        if info.version is not None and _version(obj) != info.version:
+            raise IntegrityError(
+                f"memory://{path}: replaced since it was listed", url=path,
+                expected=info.version, found=_version(obj))
+        # A private view of this version's bytes: a later replacement cannot leak in.
+        return io.BytesIO(obj.getvalue())
+
+    def delete(self, paths: Iterable[str]) -> None:
+        with _LOCK:
+            for p in paths:
+                self.fs.store.pop(self.fs._strip_protocol(p), None)
+
+    def delete_prefix(self, prefix: str) -> None:
+        key = self.fs._strip_protocol(prefix).rstrip("/")
+        with _LOCK:
+            for k in [k for k in self.fs.store if k == key or k.startswith(key + "/")]:
+                del self.fs.store[k]
+            for d in [d for d in self.fs.pseudo_dirs if d == key or d.startswith(key + "/")]:
+                self.fs.pseudo_dirs.remove(d)

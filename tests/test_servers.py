@@ -1,0 +1,147 @@
+"""The testing kit's servers and fixtures: each store takes a write and a read, buckets are
+fresh per test, and create-only writes are refused where the server is known to enforce them."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable.testing import servers
+from durable.testing.pytest_plugin import Bucket, _serve
+
+BUCKET_FIXTURES = ["s3_bucket", "gcs_bucket", "fake_gcs_bucket", "azure_container"]
+
+
+@pytest.fixture(params=BUCKET_FIXTURES)
+def bucket(request: pytest.FixtureRequest) -> Bucket:
+    """Each store's fresh bucket, so one test body covers all of them."""
+    result: Bucket = request.getfixturevalue(request.param)
+    return result
+
+
+def test_round_trip_and_list(bucket: Bucket) -> None:
+    fs = bucket.filesystem()
+    data = os.urandom(300_000)
+    fs.pipe_file(bucket.path("dir", "a.bin"), data)
+    fs.pipe_file(bucket.path("dir", "b.txt"), b"b")
+
+    assert fs.cat_file(bucket.path("dir", "a.bin")) == data
+    listed = sorted(fs.ls(bucket.path("dir"), detail=False))
+    assert listed == [f"{bucket.name}/dir/a.bin", f"{bucket.name}/dir/b.txt"]
+
+
+_seen: dict[str, set[str]] = {}
+
+
+@pytest.mark.parametrize("round_", [1, 2])
+def test_buckets_are_fresh_per_test(bucket: Bucket, round_: int) -> None:
+    """Two tests in a row on one server get different, empty buckets."""
+    seen = _seen.setdefault(bucket.protocol + bucket.server.name, set())
+    assert bucket.name not in seen
+    seen.add(bucket.name)
+
+    fs = bucket.filesystem()
+    fs.invalidate_cache()
+    assert fs.ls(bucket.url, detail=False) == []
+    fs.pipe_file(bucket.path("left-behind"), b"x")
+
+
+def _create_only(bucket: Bucket) -> None:
+    fs = bucket.filesystem()
+    fs.pipe_file(bucket.path("k"), b"first")
+    with pytest.raises(FileExistsError):
+        fs.pipe_file(bucket.path("k"), b"second", mode="create")
+    assert fs.cat_file(bucket.path("k")) == b"first"
+
+
+def test_moto_refuses_create_only_put_on_existing_object(s3_bucket: Bucket) -> None:
+    _create_only(s3_bucket)  # s3fs: IfNoneMatch="*"
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = boto3.client("s3", endpoint_url=s3_bucket.server.url)
+    try:
+        with pytest.raises(ClientError) as err:
+            client.put_object(Bucket=s3_bucket.name, Key="k", Body=b"third", IfNoneMatch="*")
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    finally:
+        client.close()
+
+
+def test_fake_gcs_refuses_create_only_multipart_upload(fake_gcs_bucket: Bucket) -> None:
+    _create_only(fake_gcs_bucket)  # gcsfs: multipart upload with ifGenerationMatch=0
+
+
+def test_azurite_refuses_create_only_upload(azure_container: Bucket) -> None:
+    _create_only(azure_container)  # adlfs: overwrite=False, 409
+
+
+def test_gcp_storage_emulator_ignores_if_generation_match(gcs_bucket: Bucket) -> None:
+    """Pins a known weakness: if this starts failing, the emulator learned preconditions."""
+    fs = gcs_bucket.filesystem()
+    fs.pipe_file(gcs_bucket.path("k"), b"first")
+    fs.pipe_file(gcs_bucket.path("k"), b"second", mode="create")
+    assert fs.cat_file(gcs_bucket.path("k")) == b"second"
+
+
+def test_moto_reset_drops_buckets(moto_server: servers.MotoServer, s3_bucket: Bucket) -> None:
+    fs = s3_bucket.filesystem()
+    fs.pipe_file(s3_bucket.path("k"), b"x")
+    moto_server.reset()
+    fs.invalidate_cache()
+    assert not fs.exists(s3_bucket.url)
+
+
+def test_server_stops_by_pid_and_cleans_up() -> None:
+    with servers.start_gcs() as server:
+        assert server.url == f"http://127.0.0.1:{server.port}"
+        assert server.process.poll() is None
+        assert server.log_path.exists()
+    assert server.process.returncode is not None
+    assert not server.workdir.exists()
+    server.stop()  # idempotent
+
+
+def test_network_guards_are_set_by_the_plugin() -> None:
+    assert os.environ["AWS_EC2_METADATA_DISABLED"] == "true"
+    assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"
+    assert os.environ["GCE_METADATA_HOST"].startswith("127.0.0.1:")
+    assert "127.0.0.1" in os.environ["NO_PROXY"].split(",")
+
+
+def test_missing_server_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_AZURITE", "/nonexistent/azurite-blob")
+    with pytest.raises(servers.ServerNotFoundError, match="DURABLE_AZURITE"):
+        servers.start_azurite()
+
+
+def _missing() -> Any:
+    raise servers.ServerNotFoundError("no such server; install it with: x")
+
+
+def test_missing_server_fails_the_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DURABLE_SKIP_MISSING_SERVERS", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="install it with"):
+        next(_serve(_missing))
+
+
+def test_missing_server_skips_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_SKIP_MISSING_SERVERS", "1")
+    with pytest.raises(pytest.skip.Exception):
+        next(_serve(_missing))
+
+
+def test_start_failure_shows_the_server_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "azurite-blob"
+    broken.write_text("#!/bin/sh\necho 'boom: cannot start' >&2\nexit 3\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("DURABLE_AZURITE", str(broken))
+    with pytest.raises(servers.ServerStartError, match=r"(?s)code 3.*boom: cannot start"):
+        servers.start_azurite(timeout=5)
