@@ -36,7 +36,7 @@ class TextAtomicWriter(io.TextIOWrapper):
         self.close()
 
 
-class RecordingFileSystem(AbstractFileSystem):
+class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
     cachable = False  # one instance per writer: its records must not be shared
     protocol = ("durable-writing",)
 
@@ -46,7 +46,7 @@ class RecordingFileSystem(AbstractFileSystem):
         self.fs = writer.entry.adapter.fs
         self.sep = getattr(self.fs, "sep", "/")
 
-    def _strip_protocol(self, path: Any) -> Any:  # type: ignore[override]
+    def _strip_protocol(self, path: Any) -> Any:
         if isinstance(path, list):
             return [self.fs._strip_protocol(p) for p in path]
         return self.fs._strip_protocol(path)
