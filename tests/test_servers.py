@@ -107,6 +107,22 @@ def test_server_stops_by_pid_and_cleans_up() -> None:
     server.stop()  # idempotent
 
 
+def test_stop_ends_a_server_behind_a_wrapper_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrapper that does not `exec` (npx, a shell shim) must not leave azurite running."""
+    real = servers._azurite_binary()
+    wrapper = tmp_path / "azurite-wrapper"
+    wrapper.write_text(f'#!/bin/sh\n"{real}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("DURABLE_AZURITE", str(wrapper))
+
+    server = servers.start_azurite()
+    server.stop()
+    with pytest.raises(OSError):
+        servers._http(server.url + "/", timeout=1.0)
+
+
 def test_network_guards_are_set_by_the_plugin() -> None:
     assert os.environ["AWS_EC2_METADATA_DISABLED"] == "true"
     assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"

@@ -35,6 +35,7 @@ from durable._protocol import (
     check_key,
     new_attempt_id,
 )
+from durable._fragments import MAX_FRAGMENT_BYTES, decode_fragment, fragments_dir
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
 from durable.adapters.local import TMP_MARK
 
@@ -304,6 +305,7 @@ class Entry:
     # writing -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def writing(self, *, overwrite: bool = False, resume: bool = False,
+                update: bool = False,
                 unrecorded: Literal["adopt", "error"] = "adopt") -> Iterator[EntryWriter]:
         """Write the entry; the marker is committed on clean exit only.
 
@@ -315,6 +317,10 @@ class Entry:
         - INCOMPLETE entry: IncompleteExistsError, unless ``overwrite=True`` (start over)
           or ``resume=True`` (keep what is there; objects not written by this writer are
           adopted at commit).
+        - ``update=True``: change a COMPLETE entry in place (append, resize): its marker is
+          removed first, the old manifest seeds the new one (untouched objects are not
+          re-read), and the entry is INCOMPLETE until the new commit. ABSENT or
+          INCOMPLETE entries are written (or resumed) as usual.
         - ``unrecorded``: objects that appear in the entry without passing through the
           writer (written with another tool into ``writer.path``) are read and
           checksummed at commit ("adopt"), or refused ("error").
@@ -324,7 +330,23 @@ class Entry:
         """
         st = self.status()
         fresh = True
-        if st.state is State.COMPLETE:
+        seed: dict[str, ObjectRecord] = {}
+        versions: dict[str, str | None] = {}
+        if st.state is State.COMPLETE and update and not overwrite:
+            assert st.marker is not None and st.marker.manifest is not None
+            if st.marker.kind != "prefix":
+                raise ValueError(f"{self.url} is a single object: rewrite it, not update it")
+            # Keep each object's record with the version it has now: at commit, a record
+            # is reused only for an object whose version has not changed since.
+            now = self.adapter.list(self.path)
+            seed = {k: r for k, r in st.marker.manifest.objects.items()
+                    if k in now and now[k].size == r.size and now[k].version is not None}
+            versions = {k: now[k].version for k in seed}
+            fresh = False
+            # Invalidate before touching anything: a reader must never see the old marker
+            # over data that is being changed.
+            self.adapter.delete([self.layout.marker])
+        elif st.state is State.COMPLETE:
             if not overwrite:
                 raise AlreadyCompleteError(f"{self.url} is already COMPLETE ({st.reason})",
                                            url=self.url)
@@ -332,7 +354,7 @@ class Entry:
         elif st.state is State.INCOMPLETE:
             if overwrite:
                 self._clear()
-            elif resume:
+            elif resume or update:
                 fresh = False
             else:
                 raise IncompleteExistsError(
@@ -341,6 +363,7 @@ class Entry:
                     "`durable clean` once nothing writes it, or pass overwrite=True / "
                     "resume=True", url=self.url)
         writer = EntryWriter(self, new_attempt_id())
+        writer._baseline = {k: (rec, versions[k]) for k, rec in seed.items()}
         self.adapter.put(self.layout.attempt_record(writer.attempt),
                          attempt_record_bytes(writer.attempt), durable=False)
         try:
@@ -384,6 +407,13 @@ class Entry:
             raise IntegrityError(f"{self.url}: not committing: " + "; ".join(problems),
                                  url=self.url)
         extra = {k: i for k, i in listing.items() if k not in recorded}
+        recorded_elsewhere = self._merge_fragments(writer.attempt, extra)
+        extra = {k: i for k, i in extra.items() if k not in recorded_elsewhere}
+        for k, info in list(extra.items()):
+            base = writer._baseline.get(k)
+            if base is not None and base[1] == info.version and base[0].size == info.size:
+                recorded_elsewhere[k] = base[0]  # untouched since the update began
+                del extra[k]
         if extra and unrecorded == "error":
             raise IntegrityError(
                 f"{self.url}: not committing: {len(extra)} objects were not written through "
@@ -391,6 +421,7 @@ class Entry:
         for k in extra:
             check_key(k, self.url)
         records = dict(recorded)
+        records.update(recorded_elsewhere)
         records.update(_checksum_all(self.adapter, extra, _WORKERS))
         # The records dir was made by the attempt record without fsync: its entries in
         # the parent must be durable before the marker inside it counts.
@@ -399,7 +430,38 @@ class Entry:
                           _dirs_of(self, listing) + records_dirs)
         marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)))
         self.adapter.delete([self.layout.attempt_record(writer.attempt)])
+        self.adapter.delete_prefix(fragments_dir(self.layout.records, writer.attempt))
         return marker
+
+    def _merge_fragments(self, attempt: str,
+                         unrecorded: dict[str, ObjectInfo]) -> dict[str, ObjectRecord]:
+        """Records other processes flushed for ``attempt``, for the objects listed now.
+
+        A key is taken from the fragments only when every fragment that recorded it agrees
+        and the size matches the listing; anything else is left to be read and checksummed.
+        """
+        if not unrecorded:
+            return {}
+        candidates: dict[str, set[ObjectRecord | None]] = {}
+        for name, info in sorted(
+                self.adapter.list(fragments_dir(self.layout.records, attempt)).items()):
+            where = self.adapter.url(info.path)
+            try:
+                data = self.adapter.read(info.path, limit=MAX_FRAGMENT_BYTES)
+            except ValueError as exc:
+                raise MarkerError(f"{where}: {exc}", url=where) from None
+            if data is None:
+                continue
+            for key, rec in decode_fragment(data, where, attempt).items():
+                candidates.setdefault(key, set()).add(rec)
+        out = {}
+        for key, info in unrecorded.items():
+            recs = candidates.get(key, set())
+            if len(recs) == 1:
+                (rec,) = recs
+                if rec is not None and rec.size == info.size:
+                    out[key] = rec
+        return out
 
     def _write_marker(self, marker: Marker) -> Marker:
         data, external = marker.encode()
@@ -426,6 +488,7 @@ class EntryWriter:
         self.path = entry.path
         self.url = entry.url
         self._records: dict[str, ObjectRecord] = {}
+        self._baseline: dict[str, tuple[ObjectRecord, str | None]] = {}
         self._lock = threading.Lock()
         self._closed = False
         self.fs = RecordingFileSystem(self)

@@ -11,6 +11,10 @@ durable-io gets the fixtures without a conftest:
 
 A server whose program is missing fails the test with an install hint: a green run must not
 hide a store that was never tested. Set DURABLE_SKIP_MISSING_SERVERS=1 to skip instead.
+
+Loading the plugin sets `set_network_guards()` for the whole session (it forces
+AWS_DEFAULT_REGION=us-east-1, among others). A suite that talks to the real cloud opts out
+with `pytest -p no:durable`.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ answers HTTP, and returns a `Server` that stops it by its PID::
         fs = s3fs.S3FileSystem(**s3.storage_options())
 
 Servers: moto (S3), gcp-storage-emulator and fake-gcs-server (GCS), azurite (Azure Blob).
-What each enforces differs; see `docs` and the notes in the repo. Call
-`set_network_guards()` first (the pytest plugin does), so no client looks for a cloud
-metadata server or the real cloud.
+What each enforces differs: see each `start_*` docstring. Call `set_network_guards()`
+first (the pytest plugin does), so no client looks for a cloud metadata server or the
+real cloud.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import importlib.util
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +45,7 @@ __all__ = [
     "Server",
     "ServerNotFoundError",
     "ServerStartError",
+    "free_port",
     "set_network_guards",
     "start_azurite",
     "start_fake_gcs",
@@ -60,7 +63,10 @@ AZURITE_ACCOUNT_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 
-_INSTALL_AZURITE = "python scripts/install_azurite.py  (or: npm install azurite@3)"
+_INSTALL_AZURITE = (
+    "in the durable-io repo run `python scripts/install_azurite.py`; elsewhere, from the "
+    "project root, `npm install --no-audit --no-fund --prefix .cache/azurite azurite@3`"
+)
 
 
 class ServerNotFoundError(FileNotFoundError):
@@ -129,13 +135,22 @@ class Server:
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate by PID, kill if it lingers; idempotent."""
         if self.process.poll() is None:
-            self.process.terminate()
+            self._signal(kill=False)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                self._signal(kill=True)
                 self.process.wait(timeout)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _signal(self, kill: bool) -> None:
+        if os.name != "posix":
+            (self.process.kill if kill else self.process.terminate)()
+            return
+        # The whole process group (its id is the server's PID): a wrapper script that
+        # does not `exec` would otherwise die alone and leave the real server running.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
 
     def __enter__(self) -> Self:
         return self
@@ -194,8 +209,7 @@ def start_moto(timeout: float = 30.0) -> MotoServer:
     """Start moto's S3 server from this interpreter's environment."""
     if importlib.util.find_spec("moto") is None:
         raise ServerNotFoundError(
-            "moto is not installed: pip install 'moto[server,s3crc32c]' "
-            "(or durable-io[testing])"
+            "moto is not installed: pip install 'moto[server,s3crc32c]' (or durable-io[testing])"
         )
 
     def argv(port: int) -> list[str]:
@@ -273,6 +287,8 @@ def _azurite_binary() -> Path:
     """$DURABLE_AZURITE, else <repo>/.cache/azurite (scripts/install_azurite.py), else PATH."""
     if explicit := os.environ.get("DURABLE_AZURITE"):
         return _existing(Path(explicit), "DURABLE_AZURITE")
+    if shutil.which("node") is None:
+        raise ServerNotFoundError("azurite needs Node.js (>= 18): `node` is not on PATH")
     for parent in Path.cwd().resolve(), *Path(__file__).resolve().parents:
         candidate = parent / ".cache" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
         if candidate.exists():
@@ -308,7 +324,7 @@ _PORT_TAKEN = ("address already in use", "eaddrinuse", "bind: address")
 def _start(
     cls: type[_S],
     name: str,
-    argv: Any,
+    argv: Callable[[int], list[str]],
     probe_path: str,
     timeout: float,
     *,
@@ -322,24 +338,31 @@ def _start(
         env = dict(os.environ)
         if port_env:
             env[port_env] = str(port)
+        command = argv(port)
         # The log goes to a file, not a pipe: an unread pipe fills and freezes a chatty server.
         with (workdir / "server.log").open("wb") as log:
-            process = subprocess.Popen(
-                argv(port),
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            try:
+                process = subprocess.Popen(
+                    command,
+                    cwd=workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group, see Server._signal
+                )
+            except OSError as err:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise ServerStartError(f"could not run {command[0]}: {err}") from err
         server = cls(name, f"http://{HOST}:{port}", port, process, workdir)
         t0 = time.monotonic()
         try:
             _wait_until_answering(server, probe_path, timeout)
-        except ServerStartError:
+        except BaseException as err:  # also Ctrl-C: never leave a server behind
             tail = server.log_tail()
             server.stop()
-            if attempt < attempts and any(p in tail.lower() for p in _PORT_TAKEN):
+            port_taken = any(p in tail.lower() for p in _PORT_TAKEN)
+            if isinstance(err, ServerStartError) and port_taken and attempt < attempts:
                 continue
             raise
         server.started_in = time.monotonic() - t0
