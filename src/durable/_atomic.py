@@ -51,7 +51,8 @@ def atomic_write(
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")
     adapter, path = resolve(url, storage_options)
     layout = Layout(path) if record else None
-    raw = adapter.open_atomic(path, create_only=mode.startswith("x"))
+    create_only = mode.startswith("x")
+    raw = adapter.open_atomic(path, create_only=create_only)
     buffered = io.BufferedWriter(raw, buffer_size=_BUFFER)
     handle: IO[Any]
     if "b" in mode:
@@ -61,6 +62,11 @@ def atomic_write(
     try:
         yield handle
         handle.flush()
+        if create_only and adapter.info(path) is not None:
+            # Refused before the marker is touched: a refused create must leave the
+            # existing object COMPLETE, not strip its record.
+            raise FileExistsError(f"{adapter.url(path)} exists (atomic_write mode {mode!r} "
+                                  "only creates)")
         if layout is not None and adapter.info(layout.marker) is not None:
             adapter.delete([layout.marker])
         raw.commit()

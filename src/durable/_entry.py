@@ -328,7 +328,14 @@ class Entry:
         On an exception (KeyboardInterrupt included) the marker is not written; a fresh
         entry's objects are removed, a resumed one is left INCOMPLETE.
         """
-        st = self.status()
+        try:
+            st = self.status()
+        except MarkerError:
+            if not overwrite:
+                raise
+            # A marker nobody can read describes nothing: overwriting is the way out.
+            self._clear()
+            st = Status(State.ABSENT, "cleared an unreadable marker")
         fresh = True
         seed: dict[str, ObjectRecord] = {}
         versions: dict[str, str | None] = {}
@@ -373,7 +380,12 @@ class Entry:
         except BaseException:
             writer._closed = True
             with contextlib.suppress(Exception):
-                if fresh:
+                # A marker now is another writer's commit (this one lost the race), and
+                # another attempt record is a writer still at work: neither entry is this
+                # writer's to remove.
+                if (fresh and self.adapter.info(self.layout.marker) is None
+                        and set(self.adapter.list(self.layout.attempts))
+                        <= {f"{writer.attempt}.json"}):
                     self.adapter.delete_prefix(self.path)
                     self.adapter.delete_prefix(self.layout.records)
                 else:
@@ -387,6 +399,9 @@ class Entry:
         self.adapter.delete_prefix(self.layout.records)
 
     def _commit(self, writer: EntryWriter, unrecorded: Literal["adopt", "error"]) -> Marker:
+        if self.adapter.info(self.layout.marker) is not None:
+            raise AlreadyCompleteError(
+                f"{self.url}: another writer committed this entry first", url=self.url)
         listing = self.adapter.list(self.path)
         # Temp files of writers killed mid-object never become part of an entry.
         leftovers = [i.path for k, i in listing.items() if TMP_MARK in k.rpartition("/")[2]]
@@ -403,6 +418,15 @@ class Entry:
             elif found.size != rec.size:
                 problems.append(f"{url}: written with {rec.size} bytes, {found.size} at "
                                 "commit (another writer?)")
+            elif (found.version is not None and writer._versions.get(key) is not None
+                  and found.version != writer._versions[key]):
+                # Rewritten since this writer wrote it (same size): the marker must not
+                # record our CRC over someone else's bytes, so read what is there now.
+                ck = read_object_checksum(self.adapter, found.path, found)
+                if (ck.size, ck.crc) != (rec.size, rec.crc32c):
+                    problems.append(f"{url}: replaced after this writer wrote it (CRC32C "
+                                    f"{crc_to_hex(rec.crc32c)} written, "
+                                    f"{crc_to_hex(ck.crc)} found)")
         if problems:
             raise IntegrityError(f"{self.url}: not committing: " + "; ".join(problems),
                                  url=self.url)
@@ -489,6 +513,7 @@ class EntryWriter:
         self.url = entry.url
         self._records: dict[str, ObjectRecord] = {}
         self._baseline: dict[str, tuple[ObjectRecord, str | None]] = {}
+        self._versions: dict[str, str] = {}
         self._lock = threading.Lock()
         self._closed = False
         self.fs = RecordingFileSystem(self)
@@ -508,22 +533,32 @@ class EntryWriter:
         check_key(key, self.url)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
-        f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc)
+        f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc,
+                                             version=af.info.version if af.info else None)
         return f
 
     def write_bytes(self, key: str, data: bytes) -> None:
         with self.open(key) as f:
             f.write(data)
 
-    def record(self, key: str, size: int, crc32c: int) -> None:
-        """Record an object written by other means whose size and CRC32C are known."""
+    def record(self, key: str, size: int, crc32c: int, *, version: str | None = None) -> None:
+        """Record an object written by other means whose size and CRC32C are known.
+
+        ``version`` (as the adapter's ObjectInfo spells it), when known, lets the commit
+        see an object replaced by someone else after this writer wrote it.
+        """
         check_key(key, self.url)
         with self._lock:
             self._records[key] = ObjectRecord(size, crc32c)
+            if version is None:
+                self._versions.pop(key, None)
+            else:
+                self._versions[key] = version
 
     def forget(self, key: str) -> None:
         with self._lock:
             self._records.pop(key, None)
+            self._versions.pop(key, None)
 
     def records(self) -> dict[str, ObjectRecord]:
         with self._lock:

@@ -54,6 +54,11 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def unstrip_protocol(self, name: str) -> str:
         return str(self.fs.unstrip_protocol(name))
 
+    def _parent(self, path: str) -> str:
+        # fsspec's _parent is a classmethod calling cls._strip_protocol, which here needs
+        # the instance: without this, a mapper's __setitem__ (fs.get_mapper) raises.
+        return str(self.fs._parent(self._strip_protocol(path)))
+
     # writes -------------------------------------------------------------------------------
     def open(self, path: str, mode: str = "rb", block_size: Any = None,
              cache_options: Any = None, compression: Any = None, **kwargs: Any) -> Any:

@@ -92,7 +92,7 @@ class MemoryAdapter(Adapter):
             raise FileNotFoundError(path)
         if info.version is not None and _version(obj) != info.version:
             raise IntegrityError(
-                f"memory://{path}: replaced since it was listed", url=path,
+                f"{self.url(path)}: replaced since it was listed", url=self.url(path),
                 expected=info.version, found=_version(obj))
         # A private view of this version's bytes: a later replacement cannot leak in.
         return io.BytesIO(obj.getvalue())

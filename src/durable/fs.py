@@ -1,0 +1,466 @@
+"""``durable::`` - an fsspec protocol that gives any other one whole objects and verified reads.
+
+Code that already writes through fsspec changes only its URL::
+
+    df.to_parquet("durable::s3://bucket/t.parquet", storage_options={"s3": {...}})
+    with fsspec.open("durable::file:///data/x.npy", "wb") as f:
+        np.save(f, array)
+    pd.read_parquet("durable::s3://bucket/t.parquet", storage_options={"s3": {...}})
+
+Options reach the inner filesystem the fsspec way: under its protocol name (``s3={...}``),
+or as ``target_protocol``/``target_options`` (``fs=`` takes an instance). Options given at
+the top level that are not durable's own (``verify``) go to the inner filesystem as well,
+so ``storage_options={"endpoint_url": ...}`` is not silently dropped. Chained URLs need
+fsspec >= 2025.10 (`ChainedFileSystem`, which hands the inner path to the outer layer).
+
+What it guarantees, per object:
+
+- **Whole or nothing.** Every file opened for writing (``"wb"``, ``"xb"``, ``"w"``,
+  ``"x"``), and every ``pipe_file``, ``put_file``, ``touch`` and copy, is one atomic write
+  through the inner filesystem's adapter (what "atomic" means per store is the adapter's
+  `Capabilities`). ``close()`` publishes, as fsspec's files do, **except** when it runs
+  while an exception raised after the open is being handled - which is how
+  ``with fsspec.open(...)``, pandas and pyarrow close a file on failure - or after a
+  write to the file failed: then nothing is published (s3fs alone would commit the
+  partial object there). Leaving ``with fs.open(...)`` by an exception, ``discard()``,
+  and garbage collection of an unclosed file publish nothing; ``commit()`` publishes
+  explicitly. StopIteration in flight does not count as a failure.
+- **Recorded.** Each object's size and CRC32C, computed as the bytes stream past, go into
+  a single-object commit marker (``PARENT/.durable/NAME/commit.json``), exactly as
+  `durable.atomic_write` writes it; the old marker is removed before new bytes are
+  published, so a crash in between leaves no record over the wrong bytes.
+- **Verified reads.** ``open(..., "rb")``, ``cat_file`` and everything built on them
+  check the bytes against the record when there is one (a whole-object CRC32C check
+  before the first byte of a random-access read, as `durable.open_verified` does), and
+  against the size the store declares otherwise: a short or corrupt body is an
+  IntegrityError, never data.
+- **Out of sight, out of the way.** Listings (``ls``, ``find``, ``glob``, ``walk``) hide
+  the ``.durable`` record directories and local temp files; ``rm`` removes an object's
+  record with it (the marker first).
+
+Not supported (UnsupportedError rather than a weaker write): append and update modes,
+``compression=`` on write (compress before writing), fsspec transactions (they commit
+file by file; an `Entry` is the multi-object commit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from typing import Any, cast
+
+import fsspec
+from fsspec.callbacks import DEFAULT_CALLBACK
+from fsspec.implementations.chained import ChainedFileSystem
+from fsspec.utils import stringify_path
+
+from durable._errors import IntegrityError, UnsupportedError
+from durable._protocol import RECORDS_DIR, Layout, Manifest, Marker, ObjectRecord, new_attempt_id
+from durable._verified import VerifiedReader, find_record
+from durable.adapters import adapter_for_fs
+from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
+from durable.adapters.local import TMP_MARK
+
+__all__ = ["DurableFileSystem", "DurableReadFile", "DurableWriteFile"]
+
+PROTOCOL = "durable"
+_BUFFER = 1024 * 1024
+_COPY_BLOCK = 8 * 1024 * 1024
+_LEVELS = (None, "none", "size", "probe", "full")
+# Control flow, not failure: a close() while one of these is handled still publishes.
+_NOT_FAILURES = (StopIteration, StopAsyncIteration)
+
+
+def _hidden(name: str) -> bool:
+    base = name.rstrip("/").rpartition("/")[2]
+    return base == RECORDS_DIR or (base.startswith(".") and TMP_MARK in base)
+
+
+class DurableWriteFile(io.BufferedIOBase):
+    """A file whose bytes become one object, whole and recorded, when it is committed."""
+
+    def __init__(self, fs: DurableFileSystem, path: str, *, create_only: bool) -> None:
+        super().__init__()
+        if any(part == RECORDS_DIR for part in path.split("/")):
+            raise ValueError(f"{fs.adapter.url(path)}: paths inside {RECORDS_DIR!r} "
+                             "directories hold durable's records, not data")
+        self.fs = fs
+        self.path = path
+        self.mode = "xb" if create_only else "wb"
+        self.info: ObjectInfo | None = None
+        self._layout = Layout(path)
+        self._create_only = create_only
+        # An exception already being handled at open (a write in an `except` block) is
+        # not a failure of this write; one raised later is.
+        self._exc_at_open = sys.exc_info()[1]
+        self._failed = False
+        self._buf = bytearray()
+        self._raw: AtomicFile = fs.adapter.open_atomic(path, create_only=create_only)
+
+    @property
+    def name(self) -> str:
+        return self.path
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._raw.tell() + len(self._buf)
+
+    def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError(f"{self.path}: write to a closed file")
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if len(self._buf) + n >= _BUFFER:
+            self._push()
+        if n >= _BUFFER:
+            self._raw_write(view)
+        else:
+            self._buf += view
+        return n
+
+    def _push(self) -> None:
+        if self._buf:
+            buf, self._buf = self._buf, bytearray()
+            self._raw_write(buf)
+
+    def _raw_write(self, data: Any) -> None:
+        try:
+            self._raw.write(data)
+        except BaseException:
+            # A write that failed half-way must never be published by a later close().
+            self._failed = True
+            raise
+
+    def flush(self) -> None:
+        if not self.closed:
+            self._push()
+
+    def commit(self) -> ObjectInfo:
+        """Publish the object, verify it, record it; afterwards the file is closed."""
+        if self.closed:
+            if self.info is None:
+                raise ValueError(f"{self.path}: discarded, nothing to commit")
+            return self.info
+        try:
+            if self._failed:
+                raise ValueError(f"{self.fs.unstrip_protocol(self.path)}: a write to this "
+                                 "file failed; publishing it would publish a partial object")
+            self._push()
+            self.info = self.fs._publish(self._raw, self._layout, self._create_only)
+        except BaseException:
+            self._raw.abort()
+            raise
+        finally:
+            super().close()
+        return self.info
+
+    def discard(self) -> None:
+        """Drop everything written; the target is left as it was."""
+        if not self.closed:
+            try:
+                self._raw.abort()
+            finally:
+                super().close()
+
+    abort = discard
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        exc = sys.exc_info()[1]
+        failing = exc is not None and exc is not self._exc_at_open and not isinstance(
+            exc, _NOT_FAILURES)
+        if self._failed or failing:
+            self.discard()
+        else:
+            self.commit()
+
+    def __enter__(self) -> DurableWriteFile:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self.closed:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+    def __del__(self) -> None:
+        # Never publish from the garbage collector: an unclosed file is a writer that
+        # stopped part-way (fsspec's own files commit here; these do not).
+        if not getattr(self, "closed", True):
+            with contextlib.suppress(Exception):
+                self._raw.abort()
+
+
+class _TextWriter(io.TextIOWrapper):
+    """Text over a DurableWriteFile, with the same exit and garbage-collection rules."""
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None and not self.closed:
+            self._binary().discard()
+        self.close()
+
+    def __del__(self) -> None:
+        # io.TextIOWrapper's own finalizer would close(), and so publish, the buffer.
+        with contextlib.suppress(Exception):
+            if not self.closed:
+                self._binary().discard()
+
+    def _binary(self) -> DurableWriteFile:
+        return cast(DurableWriteFile, self.buffer)
+
+
+class DurableReadFile(io.BufferedReader):
+    """A verified reader of one object, with the ``size``/``path`` fsspec files have."""
+
+    def __init__(self, raw: VerifiedReader, *, fs: DurableFileSystem, path: str,
+                 size: int) -> None:
+        super().__init__(raw, buffer_size=_BUFFER)
+        self.fs = fs
+        self.path = path
+        self.size = size
+
+
+class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
+    """fsspec filesystem ``durable``: wraps another one; see the module docstring."""
+
+    protocol = PROTOCOL
+    root_marker = ""
+    # The inner path does not make another instance: one per inner filesystem.
+    _strip_tokenize_options = ("fo",)
+
+    def __init__(self, fo: str | None = None, *, target_protocol: str | None = None,
+                 target_options: dict[str, Any] | None = None, fs: Any = None,
+                 verify: VerifyLevel | None = None, **inner_options: Any) -> None:
+        super().__init__()
+        if verify not in _LEVELS:
+            raise ValueError(f"verify must be one of {_LEVELS[1:]}, got {verify!r}")
+        if fs is None:
+            if target_protocol is None:
+                raise ValueError("durable:: wraps another filesystem: use a chained URL "
+                                 "('durable::s3://bucket/key'), target_protocol= or fs=")
+            fs = fsspec.filesystem(target_protocol, **{**inner_options,
+                                                       **(target_options or {})})
+        elif target_protocol is not None or target_options or inner_options:
+            raise ValueError("give either fs= or target_protocol=/options, not both")
+        self.fs = fs
+        self.verify: VerifyLevel | None = verify
+        self.adapter = adapter_for_fs(fs)
+        # Paths are the inner filesystem's own. fsspec calls these on instances, so the
+        # instance attributes shadow the class-level ones (as CachingFileSystem does).
+        self._strip_protocol = self._strip_inner
+        self._parent = fs._parent
+        self.root_marker = fs.root_marker
+        self.sep = getattr(fs, "sep", "/")
+
+    def _strip_inner(self, path: Any) -> Any:
+        if isinstance(path, list | tuple):
+            return [self._strip_inner(p) for p in path]
+        path = stringify_path(path)
+        if path.startswith(PROTOCOL + "::"):
+            path = path[len(PROTOCOL) + 2:]
+        return self.fs._strip_protocol(path)
+
+    def unstrip_protocol(self, name: str) -> str:
+        return f"{PROTOCOL}::{self.fs.unstrip_protocol(name)}"
+
+    # writing ------------------------------------------------------------------------------
+    def open(self, path: Any, mode: str = "rb", block_size: Any = None,
+             cache_options: Any = None, compression: Any = None, **kwargs: Any) -> Any:
+        if compression is not None and "r" not in mode:
+            raise UnsupportedError("compression= on write is not supported by durable:: "
+                                   "(a compressor closed by the garbage collector would "
+                                   "publish); compress the bytes before writing them")
+        if "b" in mode or "r" in mode:
+            return super().open(path, mode, block_size=block_size,
+                                cache_options=cache_options, compression=compression,
+                                **kwargs)
+        text = {k: kwargs.pop(k) for k in ("encoding", "errors", "newline") if k in kwargs}
+        binary = self.open(path, mode.replace("t", "") + "b", compression=compression,
+                           **kwargs)
+        return _TextWriter(binary, **text)
+
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None,
+              autocommit: bool = True, cache_options: Any = None, **kwargs: Any) -> Any:
+        path = self._strip_protocol(path)
+        if mode == "rb":
+            return self._open_read(path)
+        if mode not in ("wb", "xb"):
+            raise UnsupportedError(f"{self.unstrip_protocol(path)}: mode {mode!r} cannot be "
+                                   "made atomic; durable:: writes whole objects ('wb'/'xb')")
+        if not autocommit:
+            raise UnsupportedError("fsspec transactions commit file by file; durable:: "
+                                   "writes are atomic per object, and durable.Entry commits "
+                                   "many objects at once")
+        return DurableWriteFile(self, path, create_only=mode == "xb")
+
+    def _publish(self, raw: AtomicFile, layout: Layout, create_only: bool) -> ObjectInfo:
+        adapter, path = self.adapter, layout.path
+        if not create_only:
+            # The old record goes before the new bytes: a crash in between leaves an
+            # object without a record (INCOMPLETE), never an old record over new bytes.
+            # (A create-only write keeps it: if the object exists the commit fails, and
+            # the existing object must keep its record.)
+            adapter.delete([layout.marker])
+        info = raw.commit()
+        try:
+            adapter.verify_written(path, raw.checksum, self.verify or adapter.default_verify)
+        except IntegrityError:
+            # The store holds something other than what was sent: take it away.
+            with contextlib.suppress(OSError):
+                adapter.delete([path])
+            raise
+        record = ObjectRecord(raw.checksum.size, raw.checksum.crc)
+        marker = Marker.new("object", new_attempt_id(), Manifest({"": record}))
+        adapter.put(layout.marker, marker.encode()[0])
+        return info
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite",
+                  **kwargs: Any) -> None:
+        with self.open(path, "xb" if mode == "create" else "wb") as f:
+            f.write(value)
+
+    def put_file(self, lpath: str, rpath: str, callback: Any = DEFAULT_CALLBACK,
+                 mode: str = "overwrite", **kwargs: Any) -> None:
+        if os.path.isdir(lpath):
+            self.makedirs(rpath, exist_ok=True)
+            return
+        with open(lpath, "rb") as src, self.open(
+                rpath, "xb" if mode == "create" else "wb") as dst:
+            callback.set_size(os.fstat(src.fileno()).st_size)
+            while block := src.read(_COPY_BLOCK):
+                dst.write(block)
+                callback.relative_update(len(block))
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        # Read verified, written atomically: a copy is never of bytes that were wrong.
+        with self.open(path1, "rb") as src, self.open(path2, "wb") as dst:
+            while block := src.read(_COPY_BLOCK):
+                dst.write(block)
+
+    def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
+        if truncate or not self.exists(path):
+            self.pipe_file(path, b"")
+        else:
+            self.fs.touch(self._strip_protocol(path), truncate=False, **kwargs)
+
+    # reading ------------------------------------------------------------------------------
+    def _open_read(self, path: str) -> DurableReadFile:
+        adapter = self.adapter
+        url = self.unstrip_protocol(path)
+        found = find_record(adapter, path)
+        size = crc = None
+        if found is not None:
+            size, crc = found.record.size, found.record.crc32c
+        info = adapter.info(path)
+        if info is None:
+            if size is not None:
+                raise IntegrityError(f"{url}: recorded with {size} bytes but missing",
+                                     url=url, expected=size, found="missing")
+            raise FileNotFoundError(url)
+        if size is not None and info.size != size:
+            raise IntegrityError(f"{url}: recorded with {size} bytes, the store says "
+                                 f"{info.size}", url=url, expected=size, found=info.size)
+        raw = VerifiedReader(adapter, path, info, crc)
+        return DurableReadFile(raw, fs=self, path=path, size=info.size)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None,
+                 **kwargs: Any) -> bytes:
+        with self._open_read(self._strip_protocol(path)) as f:
+            size = f.size
+            first = 0 if start is None else (start if start >= 0 else max(0, size + start))
+            stop = size if end is None else (end if end >= 0 else size + end)
+            stop = min(stop, size)
+            if first >= stop:
+                return b""
+            if first:
+                f.seek(first)
+            return bytes(f.read(stop - first))
+
+    # listing: the inner filesystem's, without durable's records ---------------------------
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        entries = self.fs.ls(self._strip_protocol(path), detail=detail, **kwargs)
+        return [e for e in entries if not _hidden(e["name"] if detail else e)]
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False,
+             detail: bool = False, **kwargs: Any) -> Any:
+        path = self._strip_protocol(path)
+        found = self.fs.find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail,
+                             **kwargs)
+        root = path.rstrip("/") + "/"
+
+        def keep(name: str) -> bool:
+            below = name[len(root):] if name.startswith(root) else name
+            return not any(_hidden(part) for part in below.split("/"))
+
+        if detail:
+            return {k: v for k, v in found.items() if keep(k)}
+        return [p for p in found if keep(p)]
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        return self.fs.info(self._strip_protocol(path), **kwargs)
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        return bool(self.fs.exists(self._strip_protocol(path), **kwargs))
+
+    def modified(self, path: str) -> Any:
+        return self.fs.modified(self._strip_protocol(path))
+
+    def created(self, path: str) -> Any:
+        return self.fs.created(self._strip_protocol(path))
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        self.fs.mkdir(self._strip_protocol(path), create_parents=create_parents, **kwargs)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.fs.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
+
+    def rmdir(self, path: str) -> None:
+        self.fs.rmdir(self._strip_protocol(path))
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self.fs.invalidate_cache(None if path is None else self._strip_protocol(path))
+
+    # removing: data and its record ---------------------------------------------------------
+    def _layout(self, path: str) -> Layout | None:
+        try:
+            return Layout(path)
+        except ValueError:
+            return None  # a root has no records
+
+    def _drop_records(self, layouts: list[Layout]) -> None:
+        for layout in layouts:
+            if self.adapter.exists(layout.records):
+                self.adapter.delete_prefix(layout.records)
+            # An empty records dir left on disk or in memory; object stores have none.
+            with contextlib.suppress(OSError, NotImplementedError, ValueError):
+                self.fs.rmdir(layout.records.rpartition("/")[0])
+
+    def rm_file(self, path: str) -> None:
+        path = self._strip_protocol(path)
+        layout = self._layout(path)
+        if layout is not None:
+            # Marker first: from here on the object is never taken for a recorded one.
+            self.adapter.delete([layout.marker])
+        self.fs.rm_file(path)
+        self._drop_records([layout] if layout is not None else [])
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        layouts = [lo for lo in map(self._layout, paths) if lo is not None]
+        self.adapter.delete([lo.marker for lo in layouts])
+        # The expanded list, children first: the inner filesystem never sees a pattern that
+        # could match the hidden records dirs, and never removes a parent before a child.
+        self.fs.rm(paths[::-1], recursive=recursive, maxdepth=maxdepth)
+        self._drop_records(layouts)
+
+
+# The entry point (pyproject: fsspec.specs) registers this when durable-io is installed;
+# importing the module makes it work from a source tree too.
+fsspec.register_implementation(PROTOCOL, DurableFileSystem, clobber=True)

@@ -1,0 +1,161 @@
+"""atomic_write: the target appears whole with its record, or nothing changes at all.
+
+Incident 003: a file renamed into place that another reader saw as a prefix, and a record
+that could not tell whole from partial. Each check reads the store around durable (plain
+os / the raw memory store) and computes CRC32C with the `crc32c` package itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import crc32c
+import pytest
+
+import durable
+from conftest import Place
+from durable import IncompleteError, atomic_write, read_verified
+
+MARKER = ".durable/{}/commit.json"
+# Over atomic_write's 1 MiB buffer: the bytes have reached the temp file when we raise.
+BIG = os.urandom(3 * 1024 * 1024 + 17)
+
+
+def marker_doc(place: Place, name: str) -> dict[str, object]:
+    raw = place.read(MARKER.format(name))
+    assert raw is not None, f"no marker for {name}"
+    doc: dict[str, object] = json.loads(raw)
+    return doc
+
+
+def recorded(place: Place, name: str) -> dict[str, object]:
+    manifest = marker_doc(place, name)["manifest"]
+    assert isinstance(manifest, dict) and list(manifest) == [""]
+    rec: dict[str, object] = manifest[""]
+    return rec
+
+
+def test_clean_exit_publishes_whole_object_with_record(place: Place) -> None:
+    with atomic_write(place.url("a.bin")) as f:
+        f.write(BIG[:1000])
+        f.write(BIG[1000:])
+
+    assert place.read("a.bin") == BIG
+    assert recorded(place, "a.bin") == {"size": len(BIG),
+                                        "crc32c": f"{crc32c.crc32c(BIG):08x}"}
+    assert marker_doc(place, "a.bin")["kind"] == "object"
+    assert read_verified(place.url("a.bin")) == BIG
+    assert durable.Entry(place.url("a.bin")).state() is durable.State.COMPLETE
+
+
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt()])
+@pytest.mark.parametrize("mode", ["wb", "w", "xb"])
+def test_exception_leaves_no_target_and_no_temp(place: Place, exc: BaseException,
+                                                mode: str) -> None:
+    place.write("sentinel", b"outside")
+    before = place.files()
+    payload: bytes | str = BIG if "b" in mode else BIG.hex()
+    with pytest.raises(type(exc)), atomic_write(place.url("a.bin"), mode) as f:
+        f.write(payload)
+        f.flush()
+        if place.kind == "file":
+            # The bytes really are on disk in a temp file: the cleanup below is not vacuous.
+            assert any(".durable-tmp-" in name for name in os.listdir(place.root))
+        raise exc
+    assert place.files() == before
+
+
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt()])
+@pytest.mark.parametrize("mode", ["wb", "w"])
+def test_exception_leaves_previous_target_and_marker_untouched(
+        place: Place, exc: BaseException, mode: str) -> None:
+    old = os.urandom(5000)
+    with atomic_write(place.url("a.bin")) as f:
+        f.write(old)
+    before = place.files()
+    payload: bytes | str = BIG if "b" in mode else BIG.hex()
+    with pytest.raises(type(exc)), atomic_write(place.url("a.bin"), mode) as f:
+        f.write(payload)
+        raise exc
+    # Byte for byte: the old object, its old marker, and no temp file anywhere.
+    assert place.files() == before
+    assert read_verified(place.url("a.bin")) == old
+
+
+@pytest.mark.parametrize("mode", ["xb", "x"])
+def test_create_only_refuses_existing_target_and_leaves_it(place: Place, mode: str) -> None:
+    with atomic_write(place.url("a.bin")) as f:
+        f.write(b"first")
+    before = place.files()
+    with pytest.raises(FileExistsError), atomic_write(place.url("a.bin"), mode) as f:
+        f.write(b"second" if "b" in mode else "second")
+    assert place.files() == before
+    # The refused write did not take the record away from the object it left in place.
+    assert read_verified(place.url("a.bin")) == b"first"
+
+
+def test_create_only_creates_when_absent(place: Place) -> None:
+    with atomic_write(place.url("new.bin"), "xb") as f:
+        f.write(b"created")
+    assert place.read("new.bin") == b"created"
+    assert read_verified(place.url("new.bin")) == b"created"
+
+
+def test_text_mode(place: Place) -> None:
+    text = "héllo\nwörld\n" * 1000
+    with atomic_write(place.url("t.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    data = text.encode("utf-8")
+    assert place.read("t.txt") == data
+    assert recorded(place, "t.txt") == {"size": len(data),
+                                        "crc32c": f"{crc32c.crc32c(data):08x}"}
+    assert read_verified(place.url("t.txt")).decode("utf-8") == text
+
+
+def test_text_mode_latin1_newline(place: Place) -> None:
+    with atomic_write(place.url("t.txt"), "w", encoding="latin-1", newline="\r\n") as f:
+        f.write("é\n")
+    assert place.read("t.txt") == b"\xe9\r\n"
+
+
+def test_overwrite_replaces_the_record(place: Place) -> None:
+    with atomic_write(place.url("a.bin")) as f:
+        f.write(b"version one")
+    first = marker_doc(place, "a.bin")
+    new = os.urandom(70_000)
+    with atomic_write(place.url("a.bin")) as f:
+        f.write(new)
+    second = marker_doc(place, "a.bin")
+    assert second["attempt"] != first["attempt"]
+    assert recorded(place, "a.bin") == {"size": len(new),
+                                        "crc32c": f"{crc32c.crc32c(new):08x}"}
+    assert read_verified(place.url("a.bin")) == new
+    # One object and one marker: no temp files or stale records beside them.
+    assert sorted(place.files()) == sorted(["a.bin", MARKER.format("a.bin")])
+
+
+def test_record_false_writes_no_marker(place: Place) -> None:
+    with atomic_write(place.url("a.bin"), record=False) as f:
+        f.write(b"plain")
+    assert place.files() == {"a.bin": b"plain"}
+    with pytest.raises(IncompleteError):
+        read_verified(place.url("a.bin"))
+
+
+def test_bad_mode_is_refused_before_anything_is_written(place: Place) -> None:
+    with pytest.raises(ValueError, match="mode"), atomic_write(place.url("a.bin"), "ab"):
+        pass  # pragma: no cover
+    assert place.files() == {}
+
+
+def test_handle_is_a_real_binary_file(place: Place) -> None:
+    """Code that writes to a file object (np.save, pickle, zipfile) works on it."""
+    import pickle
+
+    obj = {"k": list(range(1000))}
+    with atomic_write(place.url("o.pkl")) as f:
+        assert isinstance(f, io.BufferedIOBase)
+        pickle.dump(obj, f)
+    assert pickle.loads(read_verified(place.url("o.pkl"))) == obj

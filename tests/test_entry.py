@@ -1,0 +1,448 @@
+"""Entry.writing(): an entry is COMPLETE only with a marker over exactly the data written.
+
+Incident 001: a cache entry counted as cached once its first object existed; a killed or
+concurrent writer left one that looked cached. Manifests are checked against CRC32Cs the
+test computes itself, with the `crc32c` package, over the files as they are in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import crc32c
+import pytest
+
+from _writer_child import Child, key, payload
+from conftest import Place
+from durable import (
+    AlreadyCompleteError,
+    Entry,
+    EntryExistsError,
+    IncompleteError,
+    IncompleteExistsError,
+    IntegrityError,
+    State,
+    read_verified,
+)
+
+MARKER = ".durable/ent/commit.json"
+
+
+def on_disk(place: Place, prefix: str = "ent/") -> dict[str, dict[str, object]]:
+    """The manifest the entry's files deserve, computed without durable."""
+    return {k[len(prefix):]: {"size": len(v), "crc32c": f"{crc32c.crc32c(v):08x}"}
+            for k, v in place.files().items() if k.startswith(prefix)}
+
+
+def marker_doc(place: Place, rel: str = MARKER) -> dict[str, object]:
+    raw = place.read(rel)
+    assert raw is not None, "no marker"
+    doc: dict[str, object] = json.loads(raw)
+    return doc
+
+
+def write_complete(place: Place, objects: dict[str, bytes], name: str = "ent") -> Entry:
+    e = Entry(place.url(name))
+    with e.writing() as w:
+        for k, v in objects.items():
+            w.write_bytes(k, v)
+    assert e.state() is State.COMPLETE
+    return e
+
+
+def test_clean_exit_records_every_object(place: Place, tmp_path: os.PathLike[str]) -> None:
+    e = Entry(place.url("ent"))
+    big = os.urandom(2 * 1024 * 1024 + 3)
+    with e.writing() as w:
+        w.write_bytes("zarr.json", b'{"zarr_format": 3}')
+        with w.fs.open(f"{w.path}/c/0/0", "wb") as f:
+            f.write(big[:100])
+            f.write(big[100:])
+        w.fs.pipe_file(f"{w.path}/c/0/1", b"")  # an empty object is still an object
+        with w.open("deep/er/still") as af:
+            af.write(b"x" * 1000)
+        assert e.state() is State.INCOMPLETE  # mid-write: never COMPLETE
+    assert e.state() is State.COMPLETE
+    doc = marker_doc(place)
+    assert doc["manifest"] == on_disk(place)
+    assert sorted(on_disk(place)) == ["c/0/0", "c/0/1", "deep/er/still", "zarr.json"]
+    assert doc["count"] == 4
+    assert doc["total_size"] == len(big) + 1000 + len(b'{"zarr_format": 3}')
+    # The attempt record is gone: the records hold the marker and nothing else.
+    assert [k for k in place.files() if k.startswith(".durable/")] == [MARKER]
+    assert e.verify(deep=True).ok
+    assert read_verified(place.url("ent", "c", "0", "0")) == big
+
+
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt()])
+def test_exception_inside_leaves_nothing(place: Place, exc: BaseException) -> None:
+    place.write("sentinel", b"outside")
+    before = place.files()
+    e = Entry(place.url("ent"))
+    with pytest.raises(type(exc)), e.writing() as w:
+        w.write_bytes("a", b"aaaa")
+        w.fs.pipe_file(f"{w.path}/b/c", os.urandom(5000))
+        half = w.fs.open(f"{w.path}/unfinished", "wb")
+        half.write(b"half an object")
+        if place.kind == "file":
+            with open(os.path.join(place.root, "ent", "plain"), "wb") as f:
+                f.write(b"written around the writer")
+            assert any(".durable-tmp-" in n for n in os.listdir(os.path.join(place.root, "ent")))
+        raise exc
+    assert place.files() == before
+    assert e.state() is State.ABSENT
+
+
+def test_writing_onto_complete_is_refused(place: Place) -> None:
+    e = write_complete(place, {"a": b"1", "b": b"2"})
+    before = place.files()
+    with pytest.raises(AlreadyCompleteError) as info, e.writing():
+        pass  # pragma: no cover
+    assert isinstance(info.value, FileExistsError)
+    assert isinstance(info.value, EntryExistsError)
+    assert info.value.url == e.url and e.url in str(info.value)
+    assert place.files() == before
+
+
+def test_overwrite_never_shows_old_marker_over_new_data(place: Place) -> None:
+    e = write_complete(place, {"a": b"old a", "b": b"old b"})
+    with e.writing(overwrite=True) as w:
+        # Before the first new byte, the old marker is gone.
+        assert place.read(MARKER) is None
+        assert e.state() is not State.COMPLETE
+        w.write_bytes("a", b"new a, longer")
+        assert place.read(MARKER) is None
+        assert e.state() is State.INCOMPLETE
+        with pytest.raises((IncompleteError, IntegrityError)):
+            read_verified(place.url("ent", "a"))
+        w.write_bytes("c", b"new c")
+    assert e.state() is State.COMPLETE
+    assert marker_doc(place)["manifest"] == on_disk(place)
+    assert sorted(on_disk(place)) == ["a", "c"]  # the old entry's b went with it
+    assert read_verified(place.url("ent", "a")) == b"new a, longer"
+
+
+def test_failed_overwrite_leaves_nothing_complete(place: Place) -> None:
+    e = write_complete(place, {"a": b"old a"})
+    with pytest.raises(ValueError), e.writing(overwrite=True) as w:
+        w.write_bytes("a", b"new")
+        raise ValueError("boom")
+    assert e.state() is State.ABSENT
+    assert place.files() == {}
+
+
+def make_incomplete(place: Place) -> Entry:
+    """Data with no marker: what a writer without durable, or a killed one, leaves."""
+    place.write("ent/left/over", b"leftover bytes")
+    e = Entry(place.url("ent"))
+    assert e.state() is State.INCOMPLETE
+    return e
+
+
+def test_writing_onto_incomplete_is_refused(place: Place) -> None:
+    e = make_incomplete(place)
+    before = place.files()
+    with pytest.raises(IncompleteExistsError) as info, e.writing():
+        pass  # pragma: no cover
+    assert isinstance(info.value, FileExistsError)
+    assert "INCOMPLETE" in str(info.value) and e.url in str(info.value)
+    assert place.files() == before
+    assert e.state() is State.INCOMPLETE
+
+
+def test_overwrite_incomplete_starts_over(place: Place) -> None:
+    e = make_incomplete(place)
+    with e.writing(overwrite=True) as w:
+        w.write_bytes("new", b"fresh")
+    assert e.state() is State.COMPLETE
+    assert marker_doc(place)["manifest"] == on_disk(place)
+    assert sorted(on_disk(place)) == ["new"]
+
+
+def test_resume_incomplete_adopts_what_is_there(place: Place) -> None:
+    e = make_incomplete(place)
+    with e.writing(resume=True) as w:
+        w.write_bytes("new", b"fresh")
+    assert e.state() is State.COMPLETE
+    assert marker_doc(place)["manifest"] == on_disk(place)
+    assert sorted(on_disk(place)) == ["left/over", "new"]
+
+
+def test_resume_that_fails_keeps_what_was_there(place: Place) -> None:
+    e = make_incomplete(place)
+    with pytest.raises(ValueError), e.writing(resume=True):
+        raise ValueError("boom")
+    assert place.read("ent/left/over") == b"leftover bytes"
+    assert e.state() is State.INCOMPLETE
+
+
+def test_data_removed_by_another_tool_is_not_complete(place: Place) -> None:
+    e = write_complete(place, {"a": b"1", "b/c": b"22"})
+    place.remove_tree("ent")
+    assert e.state() is State.INCOMPLETE
+    assert "data gone" in e.status().reason
+    with pytest.raises(IntegrityError) as info:
+        e.verify()
+    assert "missing" in str(info.value)
+    with pytest.raises(IntegrityError):
+        read_verified(place.url("ent", "a"))
+    with pytest.raises(IncompleteExistsError), e.writing():
+        pass  # pragma: no cover
+
+
+def test_one_object_removed_is_caught_by_verify(place: Place) -> None:
+    e = write_complete(place, {f"k{i}": bytes([i]) * 10 for i in range(5)})
+    files = place.files()
+    if place.kind == "file":
+        os.remove(os.path.join(place.root, "ent", "k2"))
+    else:
+        from fsspec.implementations.memory import MemoryFileSystem
+        MemoryFileSystem().rm_file(f"{place.root}/ent/k2")
+    assert "ent/k2" in files and place.read("ent/k2") is None
+    with pytest.raises(IntegrityError) as info:
+        e.verify()
+    assert info.value.url == e.adapter.url(f"{e.path}/k2")
+    assert info.value.expected == 10
+    with pytest.raises(IntegrityError):
+        read_verified(place.url("ent", "k2"))
+
+
+def test_delete_removes_entry_and_nothing_else(place: Place) -> None:
+    place.write("sentinel", b"outside")
+    write_complete(place, {"x": b"sibling"}, name="sibling")
+    keep = place.files()
+    e = write_complete(place, {"a": b"1", "b/c": b"22"})
+    e.delete()
+    assert e.state() is State.ABSENT
+    assert place.files() == keep
+    assert Entry(place.url("sibling")).state() is State.COMPLETE
+
+
+def test_delete_incomplete(place: Place) -> None:
+    e = make_incomplete(place)
+    e.delete()
+    assert e.state() is State.ABSENT
+    assert place.files() == {}
+
+
+def test_mark_complete_adopts_plain_files(place: Place) -> None:
+    e = make_incomplete(place)
+    place.write("ent/zarr.json", b"{}")
+    place.write("ent/c/0/0", os.urandom(100_000))
+    marker = e.mark_complete()
+    assert e.state() is State.COMPLETE
+    assert marker_doc(place)["manifest"] == on_disk(place)
+    assert marker.manifest is not None and len(marker.manifest) == 3
+    assert e.verify(deep=True).ok
+    with pytest.raises(AlreadyCompleteError):
+        e.mark_complete()
+
+
+def test_mark_complete_single_object(place: Place) -> None:
+    data = os.urandom(1234)
+    place.write("one.bin", data)
+    e = Entry(place.url("one.bin"))
+    e.mark_complete()
+    doc = marker_doc(place, ".durable/one.bin/commit.json")
+    assert doc["kind"] == "object"
+    assert doc["manifest"] == {"": {"size": 1234, "crc32c": f"{crc32c.crc32c(data):08x}"}}
+    assert read_verified(place.url("one.bin")) == data
+
+
+def test_mark_complete_refuses_absent(place: Place) -> None:
+    e = Entry(place.url("ent"))
+    with pytest.raises(IncompleteError):
+        e.mark_complete()
+    assert place.files() == {}
+
+
+def test_mark_complete_refuses_a_live_writer(place: Place) -> None:
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        w.write_bytes("a", b"1")
+        with pytest.raises(IncompleteExistsError):
+            Entry(place.url("ent")).mark_complete()
+        assert place.read(MARKER) is None
+    assert e.state() is State.COMPLETE
+
+
+OBJECTS = {key(i): payload(i, 1000) for i in range(6)}
+
+
+def two_writers(place: Place, name: str) -> tuple[Entry, list[Any]]:
+    """A fresh writer and one that joins with resume=True, both with all objects written."""
+    e = Entry(place.url(name))
+    cms = [e.writing(), e.writing(resume=True)]
+    for cm in cms:
+        w = cm.__enter__()
+        for k, v in OBJECTS.items():
+            w.write_bytes(k, v)
+    return e, cms
+
+
+def one_committed(place: Place, e: Entry, name: str) -> None:
+    markers = [k for k in place.files() if k.startswith(f".durable/{name}/")
+               and k.endswith("commit.json")]
+    assert markers == [f".durable/{name}/commit.json"]
+    assert e.state() is State.COMPLETE
+    assert marker_doc(place, markers[0])["manifest"] == on_disk(place, f"{name}/")
+    assert e.verify(deep=True).ok
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_second_committer_loses_and_leaves_the_winner_alone(place: Place, first: int) -> None:
+    e, cms = two_writers(place, "ent")
+    cms[first].__exit__(None, None, None)
+    with pytest.raises(AlreadyCompleteError):
+        cms[1 - first].__exit__(None, None, None)
+    one_committed(place, e, "ent")
+
+
+def commit_at(barrier: threading.Barrier, cm: Any) -> str:
+    barrier.wait()  # both commits start together
+    try:
+        cm.__exit__(None, None, None)
+    except AlreadyCompleteError:
+        return "lost"
+    return "won"
+
+
+def test_racing_threads_commit_exactly_once(place: Place) -> None:
+    for round_ in range(10):
+        name = f"ent{round_}"
+        e, cms = two_writers(place, name)
+        barrier = threading.Barrier(2)
+        with ThreadPoolExecutor(2) as pool:
+            results = pool.map(commit_at, [barrier, barrier], cms)
+            assert sorted(results) == ["lost", "won"]
+        one_committed(place, e, name)
+
+
+def test_racing_processes_commit_exactly_once(tmp_path: os.PathLike[str]) -> None:
+    place = Place("file", os.path.realpath(tmp_path))
+    url = place.url("ent")
+    first = Child("entry", url, "6", "fresh")
+    first.run_until("written")
+    # The second sees the first's attempt record (INCOMPLETE) and joins it.
+    second = Child("entry", url, "6", "resume")
+    second.run_until("written")
+    first.release()  # both commit at once; neither waits for the other
+    second.release()
+    results = sorted([first.finish(), second.finish()])
+    assert results == ["lost", "won"]
+    one_committed(place, Entry(url), "ent")
+    assert place.read("ent/" + key(3)) == payload(3)
+
+
+def test_every_way_of_writing_is_recorded(place: Place, tmp_path: os.PathLike[str]) -> None:
+    src = os.path.join(tmp_path, "upload.src")
+    with open(src, "wb") as f:
+        f.write(os.urandom(300_000))
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        with w.fs.open(f"{w.path}/wb", "wb") as f:
+            f.write(b"opened wb")
+        with w.fs.open(f"{w.path}/xb", "xb") as f:
+            f.write(b"opened xb")
+        with w.fs.open(f"{w.path}/text", "w", encoding="utf-8") as f:
+            f.write("héllo")
+        w.fs.pipe_file(f"{w.path}/piped", b"piped")
+        w.fs.put_file(src, f"{w.path}/up/loaded")
+        w.fs.get_mapper(w.path)["mapped/key"] = b"through a mapper"
+        w.fs.pipe_file(f"{w.path}/removed", b"gone soon")
+        w.fs.rm_file(f"{w.path}/removed")
+        w.fs.touch(f"{w.path}/touched")
+        if place.kind == "file":
+            with open(os.path.join(place.root, "ent", "plain"), "wb") as f:
+                f.write(b"around the writer, adopted at commit")
+    assert e.state() is State.COMPLETE
+    expected = on_disk(place)
+    assert marker_doc(place)["manifest"] == expected
+    keys = ["mapped/key", "piped", "text", "touched", "up/loaded", "wb", "xb"]
+    assert sorted(expected) == sorted(keys + (["plain"] if place.kind == "file" else []))
+    assert place.read("ent/text") == "héllo".encode()
+    assert e.verify(deep=True).ok
+
+
+def test_writing_outside_the_entry_is_refused(place: Place) -> None:
+    place.write("sentinel", b"outside")
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        for bad in [place.url("sentinel"), place.url("other"), f"{w.path}/../sentinel",
+                    f"{w.path}/a/../../sentinel", f"{w.path}x/neighbour", "/etc/passwd"]:
+            with pytest.raises(ValueError):
+                w.fs.pipe_file(bad, b"escaped")
+            with pytest.raises(ValueError):
+                w.fs.open(bad, "wb")
+        with pytest.raises(ValueError):
+            w.open("../sentinel")
+        w.write_bytes("ok", b"inside")
+    assert place.files() == {"sentinel": b"outside", "ent/ok": b"inside",
+                             MARKER: place.read(MARKER)}
+
+
+def test_unrecorded_error_refuses_objects_written_around_the_writer(tmp_path: os.PathLike[str],
+                                                                    ) -> None:
+    root = os.path.realpath(tmp_path)
+    e = Entry(os.path.join(root, "ent"))
+    with pytest.raises(IntegrityError, match="not written through"), \
+            e.writing(unrecorded="error") as w:
+        w.write_bytes("a", b"1")
+        with open(os.path.join(root, "ent", "plain"), "wb") as f:
+            f.write(b"around")
+    assert e.state() is State.ABSENT
+
+
+def test_object_changed_around_the_writer_before_commit_is_refused(place: Place) -> None:
+    e = Entry(place.url("ent"))
+    with pytest.raises(IntegrityError, match="at commit"), e.writing() as w:
+        w.write_bytes("a", b"as written")
+        place.write("ent/a", b"changed by someone else, longer")
+    assert place.read(MARKER) is None
+    assert e.state() is not State.COMPLETE
+
+
+def test_writer_is_closed_after_the_block(place: Place) -> None:
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        w.write_bytes("a", b"1")
+    with pytest.raises(ValueError, match="ended"):
+        w.write_bytes("b", b"2")
+    assert sorted(on_disk(place)) == ["a"]
+
+
+def test_object_rewritten_behind_the_writer_with_other_bytes_blocks_the_commit(
+        place: Place) -> None:
+    # Same size, other bytes: a size check alone would commit our CRC over their data.
+    e = Entry(place.url("ent"))
+    with pytest.raises(IntegrityError, match=r"c/0/0: replaced after this writer wrote it"):
+        with e.writing() as w:
+            w.write_bytes("c/0/0", b"a" * 64)
+            place.write("ent/c/0/0", b"b" * 64)
+    assert e.read_marker() is None
+
+
+def test_object_rewritten_behind_the_writer_with_the_same_bytes_commits(place: Place) -> None:
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        w.write_bytes("c/0/0", b"a" * 64)
+        place.write("ent/c/0/0", b"a" * 64)
+    assert marker_doc(place)["manifest"] == on_disk(place)
+
+
+def test_overwrite_recovers_an_entry_whose_marker_is_unreadable(place: Place) -> None:
+    write_complete(place, {"a": b"1"})
+    place.write(MARKER, b"{not json")
+    e = Entry(place.url("ent"))
+    with pytest.raises(ValueError, match="not valid JSON"):
+        with e.writing():
+            pass
+    with e.writing(overwrite=True) as w:
+        w.write_bytes("b", b"2")
+    assert e.state() is State.COMPLETE
+    assert marker_doc(place)["manifest"] == on_disk(place) == {
+        "b": {"size": 1, "crc32c": f"{crc32c.crc32c(b'2'):08x}"}}

@@ -1,0 +1,452 @@
+"""The ``durable::`` fsspec protocol, driven by real libraries that write through fsspec.
+
+Every test runs on each place in PLACES; what was written is checked with the inner
+filesystem directly (around durable). To add a backend (S3: moto), append its name to
+PLACES and add a ``<name>_place`` fixture returning a `Place` (for S3: the bucket's
+s3fs options as ``inner_options``, ``{"s3": options}`` as ``storage_options``, and a
+``truncate`` that puts a shorter object with boto3).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pytest
+from fsspec.implementations.memory import MemoryFile
+
+import durable
+from durable import IntegrityError, UnsupportedError
+from durable._protocol import Layout, Marker
+from durable.fs import DurableFileSystem
+
+PLACES = ["local", "memory"]
+
+
+@dataclass
+class Place:
+    """A fresh, empty directory or prefix, seen through its inner filesystem."""
+
+    root: str  # the inner filesystem's path
+    inner: Any  # the inner fsspec filesystem: raw access around durable
+    inner_options: dict[str, Any]  # storage_options of inner URLs (durable's own API)
+    storage_options: dict[str, Any] | None  # what fsspec.open / pandas take for durable::
+    truncate: Callable[[str, int], None]  # really shorten an object behind durable's back
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def url(self, key: str) -> str:
+        return f"durable::{self.inner.unstrip_protocol(self.path(key))}"
+
+    @property
+    def so(self) -> dict[str, Any]:
+        return dict(self.storage_options or {})
+
+    def objects(self) -> list[str]:
+        """Everything below the root, records and temp files included."""
+        self.inner.invalidate_cache()
+        return sorted(self.inner.find(self.root))
+
+    def marker(self, key: str) -> Marker | None:
+        m = Layout(self.path(key)).marker
+        return Marker.decode(self.inner.cat_file(m), m) if self.inner.exists(m) else None
+
+
+@pytest.fixture
+def local_place(tmp_path: Path) -> Place:
+    root = tmp_path / "data"
+    root.mkdir()
+    # storage_options=None: pandas' default, which first offers the URL to pyarrow.
+    return Place(str(root), fsspec.filesystem("file"), {}, None, os.truncate)
+
+
+@pytest.fixture
+def memory_place() -> Iterator[Place]:
+    mem = fsspec.filesystem("memory")
+    root = f"/fs-{uuid.uuid4().hex}"
+
+    def truncate(path: str, size: int) -> None:
+        mem.store[path] = MemoryFile(mem, path, mem.store[path].getvalue()[:size])
+
+    yield Place(root, mem, {}, {}, truncate)
+    if mem.exists(root):
+        mem.rm(root, recursive=True)
+
+
+@pytest.fixture(params=PLACES)
+def place(request: pytest.FixtureRequest) -> Place:
+    result: Place = request.getfixturevalue(f"{request.param}_place")
+    return result
+
+
+class Boom(Exception):
+    pass
+
+
+def _frame(n: int = 2000) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({"i": np.arange(n), "x": rng.random(n), "s": [f"r{i}" for i in range(n)]})
+
+
+def _frame_failing_in_parquet(n: int = 50_000) -> pd.DataFrame:
+    # The last timestamp has nanoseconds: written with coerce_timestamps="ms", pyarrow
+    # writes row groups until it reaches it, then raises (a real mid-write failure).
+    ns = np.arange(n, dtype="int64") * 1_000_000_000
+    ns[-1] += 1
+    return pd.DataFrame({"t": ns.astype("datetime64[ns]"), "x": np.arange(n, dtype="f8")})
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise ValueError("this cell cannot be serialized")
+
+
+def _frame_failing_in_csv(n: int = 100_000) -> pd.DataFrame:
+    return pd.DataFrame({"o": [*(f"row {i}" for i in range(n)), Unprintable()]})
+
+
+def _failing_write(fmt: str, url: str, storage_options: dict[str, Any] | None) -> None:
+    if fmt == "parquet":
+        _frame_failing_in_parquet().to_parquet(url, storage_options=storage_options,
+                                               coerce_timestamps="ms", row_group_size=1000)
+    else:
+        _frame_failing_in_csv().to_csv(url, storage_options=storage_options, chunksize=1000)
+
+
+# -- the protocol itself -------------------------------------------------------------------
+def test_registered_through_the_entry_point_and_on_import() -> None:
+    (ep,) = [e for e in importlib.metadata.entry_points(group="fsspec.specs")
+             if e.name == "durable"]
+    assert ep.value == "durable.fs:DurableFileSystem"
+    assert fsspec.get_filesystem_class("durable") is DurableFileSystem
+
+
+def test_options_chain_to_the_inner_filesystem(tmp_path: Path) -> None:
+    url = f"durable::file://{tmp_path}/x"
+    fs, path = fsspec.url_to_fs(url, file={"auto_mkdir": True}, durable={"verify": "full"})
+    assert isinstance(fs, DurableFileSystem) and path == f"{tmp_path}/x"
+    assert fs.fs.auto_mkdir is True and fs.verify == "full"
+    # Top-level options that are not durable's go to the inner filesystem, not nowhere.
+    fs2, _ = fsspec.url_to_fs(url, auto_mkdir=True)
+    assert fs2.fs.auto_mkdir is True
+    fs3 = fsspec.filesystem("durable", target_protocol="memory")
+    assert type(fs3.fs).__name__ == "MemoryFileSystem"
+    with pytest.raises(ValueError, match="wraps another filesystem"):
+        fsspec.filesystem("durable", skip_instance_cache=True)
+    with pytest.raises(ValueError, match="verify"):
+        fsspec.filesystem("durable", target_protocol="memory", verify="sometimes")
+
+
+def test_pickles_for_workers(place: Place) -> None:
+    import pickle
+
+    fs, path = fsspec.url_to_fs(place.url("p.bin"), **place.so)
+    fs.pipe_file(path, b"abc")
+    clone = pickle.loads(pickle.dumps(fs))
+    assert isinstance(clone, DurableFileSystem) and clone.cat_file(path) == b"abc"
+
+
+# -- writes are whole and recorded ------------------------------------------------------------
+def test_write_is_whole_and_recorded(place: Place) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    with fsspec.open(place.url("sub/x.bin"), "wb", **place.so) as f:
+        for i in range(0, len(data), 700_001):
+            f.write(data[i:i + 700_001])
+        assert not place.inner.exists(place.path("sub/x.bin")), "visible before close"
+    assert place.inner.cat_file(place.path("sub/x.bin")) == data
+    marker = place.marker("sub/x.bin")
+    assert marker is not None and marker.kind == "object" and marker.manifest is not None
+    assert marker.manifest.objects[""].size == len(data)
+    with fsspec.open(place.url("sub/x.bin"), "rb", **place.so) as f:
+        assert f.read() == data
+    # The same record durable.atomic_write leaves: the public reader accepts it.
+    inner_url = place.inner.unstrip_protocol(place.path("sub/x.bin"))
+    assert durable.read_verified(inner_url, storage_options=place.inner_options) == data
+
+
+def test_numpy_save_and_load(place: Place) -> None:
+    arr = np.random.default_rng(1).random((300, 200))
+    with fsspec.open(place.url("a.npy"), "wb", **place.so) as f:
+        np.save(f, arr)
+    with fsspec.open(place.url("a.npy"), "rb", **place.so) as f:
+        np.testing.assert_array_equal(np.load(f), arr)
+    assert place.marker("a.npy") is not None
+
+
+def test_pandas_parquet_round_trip(place: Place) -> None:
+    df = _frame()
+    df.to_parquet(place.url("t.parquet"), storage_options=place.storage_options)
+    assert place.marker("t.parquet") is not None
+    back = pd.read_parquet(place.url("t.parquet"), storage_options=place.storage_options)
+    pd.testing.assert_frame_equal(back, df)
+
+
+def test_text_mode_round_trip(place: Place) -> None:
+    with fsspec.open(place.url("t.txt"), "w", encoding="utf-8", **place.so) as f:
+        f.write("grüße\n" * 1000)
+    with fsspec.open(place.url("t.txt"), "r", encoding="utf-8", **place.so) as f:
+        assert f.read() == "grüße\n" * 1000
+
+
+def test_pipe_put_copy_move_touch_are_recorded(place: Place, tmp_path: Path) -> None:
+    fs, root = fsspec.url_to_fs(place.url("ops"), **place.so)
+    fs.pipe_file(f"{root}/piped", b"piped bytes")
+    with pytest.raises(FileExistsError):
+        fs.pipe_file(f"{root}/piped", b"other", mode="create")
+    local = tmp_path / "upload.bin"
+    local.write_bytes(os.urandom(200_000))
+    fs.put_file(str(local), f"{root}/put")
+    fs.cp_file(f"{root}/put", f"{root}/copied")
+    fs.mv(f"{root}/piped", f"{root}/moved")
+    fs.touch(f"{root}/empty")
+    assert fs.cat_file(f"{root}/moved") == b"piped bytes"
+    assert fs.cat_file(f"{root}/copied") == local.read_bytes()
+    assert fs.cat_file(f"{root}/empty") == b""
+    for key in ("ops/put", "ops/copied", "ops/moved", "ops/empty"):
+        assert place.marker(key) is not None, key
+    assert place.marker("ops/piped") is None and not place.inner.exists(place.path("ops/piped"))
+
+
+def test_create_mode_keeps_the_existing_object_and_its_record(place: Place) -> None:
+    fs, path = fsspec.url_to_fs(place.url("once"), **place.so)
+    fs.pipe_file(path, b"first")
+    with pytest.raises(FileExistsError), fs.open(path, "xb") as f:
+        f.write(b"second")
+    assert fs.cat_file(path) == b"first"
+    assert place.marker("once") is not None
+
+
+# -- whole or nothing ----------------------------------------------------------------------
+WRITERS = ["fsspec.open", "fs.open", "text", "np.save"]
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("existing", [False, True])
+def test_exception_inside_with_publishes_nothing(place: Place, writer: str,
+                                                 existing: bool) -> None:
+    url = place.url("w.bin")
+    fs, path = fsspec.url_to_fs(url, **place.so)
+    if existing:
+        fs.pipe_file(path, b"previous version")
+    before = place.objects()
+    with pytest.raises(Boom):
+        if writer == "fsspec.open":
+            with fsspec.open(url, "wb", **place.so) as f:
+                f.write(os.urandom(3 * 1024 * 1024))
+                raise Boom
+        elif writer == "fs.open":
+            with fs.open(path, "wb") as f:
+                f.write(os.urandom(3 * 1024 * 1024))
+                raise Boom
+        elif writer == "text":
+            with fsspec.open(url, "w", **place.so) as f:
+                f.write("x" * 3_000_000)
+                raise Boom
+        else:
+            with fsspec.open(url, "wb", **place.so) as f:
+                np.save(f, np.zeros(1_000_000))
+                raise Boom
+    assert place.objects() == before
+    if existing:
+        assert fs.cat_file(path) == b"previous version"  # still verified against its record
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_pandas_write_failing_midway_publishes_nothing(place: Place, fmt: str) -> None:
+    # The control: written plainly, the same frame leaves a partial object behind, so the
+    # failure really happens after bytes went out.
+    control = f"memory://control-{uuid.uuid4().hex}/bad.{fmt}"
+    with pytest.raises((ValueError, OSError)):
+        _failing_write(fmt, control, None)
+    mem, cpath = fsspec.url_to_fs(control)
+    assert mem.info(cpath)["size"] > 100_000
+    mem.rm(cpath)
+
+    with pytest.raises((ValueError, OSError)):
+        _failing_write(fmt, place.url(f"bad.{fmt}"), place.storage_options)
+    assert place.objects() == []
+
+
+@pytest.mark.parametrize("mode", ["wb", "w"])
+def test_garbage_collected_unclosed_file_publishes_nothing(place: Place, mode: str) -> None:
+    fs, path = fsspec.url_to_fs(place.url("dropped"), **place.so)
+    f = fs.open(path, mode)
+    f.write(b"x" * 2_000_000 if "b" in mode else "x" * 2_000_000)
+    del f
+    gc.collect()
+    assert place.objects() == []
+
+
+def test_close_in_an_except_block_opened_there_publishes(place: Place) -> None:
+    """Only an exception raised after the open means the writer failed."""
+    fs, path = fsspec.url_to_fs(place.url("fallback"), **place.so)
+    try:
+        raise KeyError("a cache miss")
+    except KeyError:
+        f = fs.open(path, "wb")
+        f.write(b"written while handling an error")
+        f.close()
+    it = iter(())
+    g = fs.open(f"{path}-2", "wb")
+    try:
+        next(it)
+    except StopIteration:
+        g.write(b"end of input")
+        g.close()
+    assert fs.cat_file(path) == b"written while handling an error"
+    assert fs.cat_file(f"{path}-2") == b"end of input"
+
+
+def test_close_after_a_failed_write_publishes_nothing(tmp_path: Path) -> None:
+    """A write refused by the kernel (RLIMIT_FSIZE), then a plain close() or an explicit
+    commit(): nothing is published."""
+    target = tmp_path / "big.bin"
+    script = textwrap.dedent(f"""
+        import resource, fsspec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 * 1024 * 1024, resource.RLIM_INFINITY))
+        f = fsspec.open("durable::file://{target}", "wb").open()
+        try:
+            for _ in range(8):
+                f.write(b"x" * 1024 * 1024)
+        except OSError as exc:
+            print("write failed:", exc.errno)
+        f.close()
+        g = fsspec.open("durable::file://{target}", "wb").open()
+        try:
+            g.write(b"y" * 3 * 1024 * 1024)
+        except OSError:
+            pass
+        try:
+            g.commit()
+        except ValueError as exc:
+            print("commit refused:", exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert "write failed: 27" in out.stdout  # EFBIG
+    assert "a write to this file failed" in out.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []
+
+
+@pytest.mark.parametrize("mode", ["ab", "r+b", "a"])
+def test_modes_that_cannot_be_atomic_are_refused(place: Place, mode: str) -> None:
+    fs, path = fsspec.url_to_fs(place.url("m"), **place.so)
+    fs.pipe_file(path, b"x")
+    with pytest.raises(UnsupportedError):
+        fs.open(path, mode)
+
+
+def test_compression_and_transactions_are_refused(place: Place) -> None:
+    fs, path = fsspec.url_to_fs(place.url("c.gz"), **place.so)
+    with pytest.raises(UnsupportedError, match="compression"):
+        fs.open(path, "wb", compression="gzip")
+    with pytest.raises(UnsupportedError, match="transactions"), fs.transaction:
+        fs.open(path, "wb")
+    assert place.objects() == []
+
+
+def test_writes_into_records_dirs_are_refused(place: Place) -> None:
+    fs, path = fsspec.url_to_fs(place.url(".durable/x/commit.json"), **place.so)
+    with pytest.raises(ValueError, match="records"):
+        fs.open(path, "wb")
+
+
+# -- verified reads ---------------------------------------------------------------------------
+def test_truncated_object_is_an_error_on_every_read(place: Place) -> None:
+    df = _frame(20_000)
+    df.to_parquet(place.url("t.parquet"), storage_options=place.storage_options)
+    size = place.inner.info(place.path("t.parquet"))["size"]
+    place.truncate(place.path("t.parquet"), size - 1000)
+    fs, path = fsspec.url_to_fs(place.url("t.parquet"), **place.so)
+    with pytest.raises(IntegrityError, match=f"recorded with {size} bytes"):
+        fs.cat_file(path)
+    with pytest.raises(IntegrityError), fsspec.open(place.url("t.parquet"), "rb",
+                                                    **place.so) as f:
+        f.read()
+    with pytest.raises(IntegrityError):
+        pd.read_parquet(place.url("t.parquet"), storage_options=place.storage_options)
+
+
+@pytest.mark.parametrize("how", ["read", "cat_range", "seek-first"])
+def test_corrupt_object_of_the_right_size_is_an_error(place: Place, how: str) -> None:
+    fs, path = fsspec.url_to_fs(place.url("c.bin"), **place.so)
+    data = os.urandom(3_000_000)
+    fs.pipe_file(path, data)
+    bad = bytearray(data)
+    bad[2_000_000] ^= 0x40
+    place.inner.pipe_file(path, bytes(bad))  # around durable: its record still says `data`
+    with pytest.raises(IntegrityError, match="CRC32C"):
+        if how == "read":
+            with fs.open(path, "rb") as f:
+                f.read()
+        elif how == "cat_range":
+            fs.cat_file(path, start=10, end=20)
+        else:
+            with fs.open(path, "rb") as f:
+                f.seek(-100, os.SEEK_END)
+                f.read()
+
+
+def test_unrecorded_objects_are_read_length_checked(place: Place) -> None:
+    data = os.urandom(100_000)
+    place.inner.pipe_file(place.path("plain.bin"), data)
+    fs, path = fsspec.url_to_fs(place.url("plain.bin"), **place.so)
+    assert fs.cat_file(path) == data
+    assert fs.cat_file(path, start=-10) == data[-10:]
+    with pytest.raises(FileNotFoundError):
+        fs.cat_file(path + "-missing")
+
+
+# -- listings and removal ----------------------------------------------------------------------
+def test_listings_hide_records(place: Place) -> None:
+    fs, root = fsspec.url_to_fs(place.url("d"), **place.so)
+    fs.pipe_file(f"{root}/x", b"1")
+    fs.pipe_file(f"{root}/sub/y", b"2")
+    assert any("/.durable/" in p for p in place.objects())  # the records are there...
+    assert sorted(fs.ls(root, detail=False)) == [f"{root}/sub", f"{root}/x"]  # ...unseen
+    assert [e["name"] for e in fs.ls(root, detail=True)].count(f"{root}/.durable") == 0
+    assert fs.find(root) == [f"{root}/sub/y", f"{root}/x"]
+    assert sorted(fs.find(root, detail=True)) == [f"{root}/sub/y", f"{root}/x"]
+    globbed = fs.glob(f"{root}/**")
+    assert {f"{root}/sub/y", f"{root}/x"} <= set(globbed)
+    assert not [p for p in globbed if ".durable" in p]
+    assert all(".durable" not in d for d, _, _ in fs.walk(root))
+
+
+def test_rm_removes_the_record_too(place: Place) -> None:
+    fs, root = fsspec.url_to_fs(place.url("r"), **place.so)
+    for key in ("x", "dir/y", "dir/deeper/z", "keep"):
+        fs.pipe_file(f"{root}/{key}", key.encode())
+    fs.rm(f"{root}/x")
+    assert place.marker("r/x") is None and not place.inner.exists(place.path("r/x"))
+    fs.rm(f"{root}/dir", recursive=True)
+    assert place.objects() == [place.path("r/.durable/keep/commit.json"), place.path("r/keep")]
+    fs.rm_file(f"{root}/keep")
+    assert place.objects() == []
+
+
+def test_rm_of_an_entry_removes_all_its_records(place: Place) -> None:
+    entry = durable.Entry(place.inner.unstrip_protocol(place.path("e")),
+                          storage_options=place.inner_options)
+    with entry.writing() as w:
+        w.write_bytes("a", b"1")
+        w.write_bytes("b/c", b"2")
+    # What a killed writer of a later attempt leaves in the records dir.
+    place.inner.pipe_file(entry.layout.attempt_record("deadbeef"), b"{}")
+    fs, path = fsspec.url_to_fs(place.url("e"), **place.so)
+    fs.rm(path, recursive=True)
+    assert place.objects() == []
+    assert entry.state() is durable.State.ABSENT

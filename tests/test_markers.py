@@ -1,0 +1,310 @@
+"""A marker that cannot be trusted is a clear MarkerError, and is never followed.
+
+A manifest names the objects a reader opens, stats and (on cleanup) deletes, so a corrupt
+or hostile one must stop at decode: nothing outside the entry is read, created or deleted.
+Every hostile marker below is a valid marker with one thing changed; the valid one is
+accepted (test_valid_markers_are_accepted), so each refusal is for that one change.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import crc32c
+import pytest
+
+from conftest import Place
+from durable import (
+    DurableError,
+    Entry,
+    IntegrityError,
+    MarkerError,
+    State,
+    read_verified,
+)
+from durable._protocol import MAX_MARKER_BYTES
+
+MARKER = ".durable/ent/commit.json"
+OBJECTS = {"a": b"object a", "b/c": b"object b/c"}
+Doc = dict[str, Any]
+
+
+def crc_hex(data: bytes) -> str:
+    return f"{crc32c.crc32c(data):08x}"
+
+
+@pytest.fixture
+def entry(place: Place) -> Iterator[tuple[Place, Entry, Doc]]:
+    """A committed entry, a sibling entry and a sentinel file outside both."""
+    place.write("sentinel", b"outside the entry")
+    for name in ("ent", "sibling"):
+        with Entry(place.url(name)).writing() as w:
+            for k, v in OBJECTS.items():
+                w.write_bytes(k, v)
+    raw = place.read(MARKER)
+    assert raw is not None
+    yield place, Entry(place.url("ent")), json.loads(raw)
+
+
+def external(place: Place, doc: Doc, blob_doc: Doc | None = None) -> tuple[Doc, bytes]:
+    """The same marker with its manifest moved to an external file (as for >10,000 objects)."""
+    doc = copy.deepcopy(doc)
+    blob_doc = blob_doc or {"format": "durable.commit.manifest", "attempt": doc["attempt"],
+                            "manifest": doc.pop("manifest")}
+    doc.pop("manifest", None)
+    blob = json.dumps(blob_doc).encode()
+    name = f"manifest-{doc['attempt']}.json"
+    place.write(f".durable/ent/{name}", blob)
+    doc["manifest_ref"] = {"key": name, "size": len(blob), "crc32c": crc_hex(blob)}
+    return doc, blob
+
+
+def with_manifest(key: str, rec: Any = None) -> Callable[[Place, Doc], Doc]:
+    def change(place: Place, doc: Doc) -> Doc:
+        doc["manifest"][key] = rec if rec is not None else {"size": 17,
+                                                            "crc32c": crc_hex(b"x" * 17)}
+        return doc
+    return change
+
+
+def with_record(**fields: Any) -> Callable[[Place, Doc], Doc]:
+    def change(place: Place, doc: Doc) -> Doc:
+        doc["manifest"]["a"].update(fields)
+        return doc
+    return change
+
+
+def with_field(**fields: Any) -> Callable[[Place, Doc], Doc]:
+    def change(place: Place, doc: Doc) -> Doc:
+        doc.update(fields)
+        return doc
+    return change
+
+
+def with_ref(**fields: Any) -> Callable[[Place, Doc], Doc]:
+    def change(place: Place, doc: Doc) -> Doc:
+        doc, _ = external(place, doc)
+        doc["manifest_ref"].update(fields)
+        return doc
+    return change
+
+
+def ref_moved_to(name: str) -> Callable[[Place, Doc], Doc]:
+    """The external manifest, intact, under another name the marker points at."""
+    def change(place: Place, doc: Doc) -> Doc:
+        doc, blob = external(place, doc)
+        place.write(f".durable/ent/{name}", blob)
+        doc["manifest_ref"]["key"] = name
+        return doc
+    return change
+
+
+def external_with(**fields: Any) -> Callable[[Place, Doc], Doc]:
+    """An external manifest whose CRC is right but whose content is hostile."""
+    def change(place: Place, doc: Doc) -> Doc:
+        blob_doc = {"format": "durable.commit.manifest", "attempt": doc["attempt"],
+                    "manifest": doc["manifest"]}
+        blob_doc.update(fields)
+        doc, _ = external(place, doc, blob_doc)
+        return doc
+    return change
+
+
+PAD = "x" * (5 * 1024 * 1024)
+HOSTILE: dict[str, Callable[[Place, Doc], Doc] | bytes] = {
+    "bad json": b'{"format": "durable.commit", "version": 1,',
+    "not utf-8": b"\xff\xfe\x00{}",
+    "empty file": b"",
+    "json array": b"[1, 2, 3]",
+    "json string": b'"durable.commit"',
+    "json null": b"null",
+    "json number": b"42",
+    "deeply nested": (b'{"format": "durable.commit", "writer": ' + b"[" * 200_000
+                      + b"]" * 200_000 + b"}"),
+    "deeply nested manifest": (b'{"format": "durable.commit", "version": 1, "manifest": '
+                               + b'{"a":' * 200_000 + b"1" + b"}" * 200_000 + b"}"),
+    "huge integer": b'{"format": "durable.commit", "version": ' + b"9" * 5000 + b"}",
+    "over the size limit": with_field(writer={"pad": PAD}),
+    "wrong format": with_field(format="zarr"),
+    "future version": with_field(version=2),
+    "version as string": with_field(version="1"),
+    "version as bool": with_field(version=True),
+    "unknown kind": with_field(kind="directory"),
+    "attempt with a path": with_field(attempt="../../x"),
+    "writer not an object": with_field(writer=["pid"]),
+    "no manifest at all": lambda place, doc: {k: v for k, v in doc.items() if k != "manifest"},
+    "manifest a list": with_field(manifest=[["a", {"size": 8}]]),
+    "record not an object": with_manifest("z", 17),
+    "key with ..": with_manifest("../sentinel"),
+    "key with .. inside": with_manifest("b/../../sentinel"),
+    "key with .": with_manifest("./a"),
+    "absolute key": lambda place, doc: with_manifest(place.root + "/sentinel")(place, doc),
+    "backslash key": with_manifest("..\\sentinel"),
+    "empty segment": with_manifest("b//c"),
+    "trailing slash": with_manifest("b/"),
+    "empty key": with_manifest(""),
+    "NUL in key": with_manifest("a\x00b"),
+    "crc not hex": with_record(crc32c="not-a-crc"),
+    "crc upper case": with_record(crc32c="ABCDEF01"),
+    "crc too long": with_record(crc32c="0123456789"),
+    "crc as integer": with_record(crc32c=12345),
+    "crc missing": lambda place, doc: with_record(crc32c=None)(place, doc),
+    "negative size": with_record(size=-1),
+    "size as float": with_record(size=8.0),
+    "size as string": with_record(size="8"),
+    "size as bool": with_record(size=True),
+    "ref to another file name": ref_moved_to("other.json"),
+    "ref out of the records": ref_moved_to("../../planted.json"),
+    "ref to an absolute path": lambda place, doc: with_ref(key=place.root + "/sentinel")(
+        place, doc),
+    "ref with wrong crc": with_ref(crc32c="00000000"),
+    "ref with wrong size": with_ref(size=3),
+    "ref over the manifest limit": with_ref(size=2**40),
+    "ref not an object": lambda place, doc: {**{k: v for k, v in doc.items()
+                                                if k != "manifest"},
+                                             "manifest_ref": "manifest.json"},
+    "ref to a missing file": lambda place, doc: _rm_ext(place, with_ref()(place, doc)),
+    "external of another attempt": external_with(attempt="0" * 32),
+    "external with .. key": external_with(manifest={"../sentinel": {"size": 1,
+                                                                    "crc32c": "00000000"}}),
+    "external not an object": external_with(manifest=["a"]),
+}
+
+
+def _rm_ext(place: Place, doc: Doc) -> Doc:
+    name = f".durable/ent/manifest-{doc['attempt']}.json"
+    if place.kind == "file":
+        os.remove(os.path.join(place.root, name))
+    else:
+        from fsspec.implementations.memory import MemoryFileSystem
+        MemoryFileSystem().rm_file(f"{place.root}/{name}")
+    return doc
+
+
+def hostile_bytes(place: Place, doc: Doc, case: str) -> bytes:
+    spec = HOSTILE[case]
+    if isinstance(spec, bytes):
+        return spec
+    return json.dumps(spec(place, copy.deepcopy(doc))).encode()
+
+
+# Local paths every open/listdir/remove in this process touches, when recording.
+_touched: list[str] | None = None
+_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.rename",
+           "os.mkdir", "os.link", "os.symlink", "os.truncate", "shutil.rmtree"}
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _touched is not None and event in _EVENTS and args and isinstance(args[0], str):
+        _touched.append(args[0])
+
+
+sys.addaudithook(_audit)
+
+
+def tree(root: str) -> dict[str, str]:
+    """Every path under root (directories and links too) -> what it is, content hashed."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            if os.path.islink(full):
+                out[rel] = "link " + os.readlink(full)
+            elif os.path.isdir(full):
+                out[rel] = "dir"
+            else:
+                with open(full, "rb") as f:
+                    out[rel] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def refused(place: Place, call: Callable[[], object]) -> MarkerError:
+    """Run call; it must raise MarkerError and touch nothing outside the entry's records."""
+    global _touched
+    before = place.files()
+    local_before = tree(place.root) if place.kind == "file" else {}
+    _touched = []
+    try:
+        with pytest.raises(MarkerError) as info:
+            call()
+    finally:
+        touched, _touched = _touched, None
+    assert place.files() == before
+    if place.kind == "file":
+        assert tree(place.root) == local_before
+        records = os.path.join(place.root, ".durable", "ent")
+        touched = [os.path.normpath(p) for p in touched]
+        outside = [p for p in touched if p.startswith(place.root)
+                   and not (p == records or p.startswith(records + os.sep))]
+        assert outside == [], f"touched outside the entry's records: {outside}"
+    return info.value
+
+
+def test_the_outside_check_sees_a_read_outside(tmp_path: os.PathLike[str]) -> None:
+    """The check itself: a call that reads the sentinel is flagged, even if it raises."""
+    place = Place("file", os.path.realpath(tmp_path))
+    place.write("sentinel", b"outside the entry")
+
+    def reads_outside() -> None:
+        with open(os.path.join(place.root, "sentinel"), "rb") as f:
+            f.read()
+        raise MarkerError("refused, but too late")
+
+    with pytest.raises(AssertionError, match="touched outside"):
+        refused(place, reads_outside)
+
+
+def test_valid_markers_are_accepted(entry: tuple[Place, Entry, Doc]) -> None:
+    """The controls: the unchanged marker, inline and with an external manifest."""
+    place, e, doc = entry
+    assert e.state() is State.COMPLETE
+    ext, _ = external(place, doc)
+    place.write(MARKER, json.dumps(ext).encode())
+    assert e.state() is State.COMPLETE
+    assert e.verify(deep=True).ok
+    assert read_verified(place.url("ent", "a")) == OBJECTS["a"]
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_marker_is_refused(entry: tuple[Place, Entry, Doc], case: str) -> None:
+    place, e, doc = entry
+    data = hostile_bytes(place, doc, case)
+    if case == "over the size limit":
+        assert len(data) > MAX_MARKER_BYTES
+    place.write(MARKER, data)
+    for call in (e.state, e.status, e.verify, lambda: e.verify(deep=True),
+                 lambda: read_verified(place.url("ent", "a")),
+                 lambda: read_verified(place.url("ent", "b", "c"))):
+        err = refused(place, call)
+        assert isinstance(err, ValueError)
+        assert isinstance(err, IntegrityError) and isinstance(err, DurableError)
+        # It names the record it could not trust.
+        assert err.url is not None and place.canonical(".durable", "ent") in err.url
+        assert place.canonical(".durable", "ent") in str(err)
+    assert place.read("sentinel") == b"outside the entry"
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_delete_does_not_follow_a_hostile_marker(entry: tuple[Place, Entry, Doc],
+                                                 case: str) -> None:
+    place, e, doc = entry
+    place.write(MARKER, hostile_bytes(place, doc, case))
+    keep = {k: v for k, v in place.files().items()
+            if not k.startswith(("ent/", ".durable/ent/"))}
+    local_keep = ({k: v for k, v in tree(place.root).items()
+                   if k not in ("ent", ".durable/ent") and not k.startswith(
+                       ("ent/", ".durable/ent/"))} if place.kind == "file" else {})
+    e.delete()
+    assert place.files() == keep
+    if place.kind == "file":
+        assert tree(place.root) == local_keep
+    assert e.state() is State.ABSENT
+    assert Entry(place.url("sibling")).state() is State.COMPLETE
+    assert place.read("sentinel") == b"outside the entry"

@@ -1,0 +1,574 @@
+"""The S3 adapter against a real moto server, and against the fault proxy in front of it.
+
+What is written through durable is checked *around* it, with a plain boto3 client on the
+same server (listing multipart uploads, reading stored bytes and checksums, overwriting an
+object behind durable's back), so the adapter never grades its own homework.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import pytest
+
+from durable import Entry, IntegrityError, State, atomic_write, open_verified, read_verified
+from durable._checksum import Checksum, crc32c, crc_to_b64
+from durable.adapters import adapter_for_fs
+from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
+from durable.testing import faults
+from durable.testing.faults import FaultProxy, Match
+from durable.testing.pytest_plugin import Bucket
+
+pytestmark = pytest.mark.s3
+
+PART = MIN_PART_SIZE
+# Three parts (5 + 5 + 1 MiB) at the smallest part size S3 allows: multipart, kept small.
+MULTI = 2 * PART + 1024 * 1024
+
+
+def _adapter(storage_options: dict[str, Any]) -> S3Adapter:
+    """The adapter durable resolves for these options, with the smallest part size."""
+    adapter = adapter_for_fs(fsspec.filesystem("s3", **storage_options))
+    assert isinstance(adapter, S3Adapter)
+    adapter.part_size = PART
+    return adapter
+
+
+@pytest.fixture
+def adapter(s3_bucket: Bucket) -> S3Adapter:
+    return _adapter(s3_bucket.storage_options)
+
+
+@pytest.fixture
+def boto(s3_bucket: Bucket) -> Iterator[Any]:
+    """A plain boto3 client on the same moto server: the view from outside durable."""
+    import boto3  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def proxy(s3_bucket: Bucket) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream=s3_bucket.server.url) as p:
+        yield p
+
+
+@pytest.fixture
+def via_proxy(s3_bucket: Bucket, proxy: FaultProxy) -> dict[str, Any]:
+    """Storage options that reach the bucket through the fault proxy."""
+    options = dict(s3_bucket.storage_options, endpoint_url=proxy.url)
+    _adapter(options)
+    return options
+
+
+def _written_checksum(data: bytes) -> Checksum:
+    ck = Checksum()
+    ck.update(data)
+    return ck
+
+
+def _only(key: str) -> str:
+    """A proxy path pattern for exactly this key (not the records beside it)."""
+    return rf"^/[^/]+/{re.escape(key)}$"
+
+
+def uploads(boto: Any, bucket: Bucket) -> list[Any]:
+    return list(boto.list_multipart_uploads(Bucket=bucket.name).get("Uploads", []))
+
+
+def stored(boto: Any, bucket: Bucket, key: str) -> bytes | None:
+    try:
+        return bytes(boto.get_object(Bucket=bucket.name, Key=key)["Body"].read())
+    except boto.exceptions.NoSuchKey:
+        return None
+
+
+def requests(proxy: FaultProxy, method: str, key: str) -> list[faults.RequestRecord]:
+    return [r for r in proxy.requests if r.method == method and r.key == key]
+
+
+# --- whole objects, checksums sent --------------------------------------------------------
+
+def test_small_object_is_one_put_carrying_its_crc32c(
+        s3_bucket: Bucket, via_proxy: dict[str, Any], proxy: FaultProxy, boto: Any) -> None:
+    data = os.urandom(300_000)
+    with atomic_write(s3_bucket.path("small.bin"), storage_options=via_proxy) as f:
+        f.write(data)
+
+    puts = requests(proxy, "PUT", "small.bin")
+    assert len(puts) == 1 and "uploadId" not in puts[0].query
+    assert puts[0].headers["x-amz-checksum-crc32c"] == crc_to_b64(crc32c(data))
+    assert not requests(proxy, "POST", "small.bin")  # no multipart upload
+    head = boto.head_object(Bucket=s3_bucket.name, Key="small.bin", ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32C"] == crc_to_b64(crc32c(data))
+    assert read_verified(s3_bucket.path("small.bin"), storage_options=via_proxy) == data
+
+
+def test_multipart_object_sends_part_and_full_object_checksums(
+        s3_bucket: Bucket, via_proxy: dict[str, Any], proxy: FaultProxy, boto: Any) -> None:
+    data = os.urandom(MULTI)
+    with atomic_write(s3_bucket.path("big.bin"), storage_options=via_proxy) as f:
+        f.write(data)
+
+    parts = sorted((r for r in requests(proxy, "PUT", "big.bin") if "partNumber" in r.query),
+                   key=lambda r: int(r.query["partNumber"][0]))
+    chunks = [data[0:PART], data[PART:2 * PART], data[2 * PART:]]
+    assert [r.headers["x-amz-checksum-crc32c"] for r in parts] == \
+        [crc_to_b64(crc32c(c)) for c in chunks]
+    (complete,) = [r for r in requests(proxy, "POST", "big.bin") if "uploadId" in r.query]
+    assert complete.headers["x-amz-checksum-crc32c"] == crc_to_b64(crc32c(data))
+    assert complete.headers["x-amz-checksum-type"] == "FULL_OBJECT"
+    assert complete.headers["x-amz-mp-object-size"] == str(len(data))
+
+    head = boto.head_object(Bucket=s3_bucket.name, Key="big.bin", ChecksumMode="ENABLED")
+    assert head["ETag"].endswith('-3"') and head["ContentLength"] == len(data)
+    assert head["ChecksumType"] == "FULL_OBJECT"
+    assert head["ChecksumCRC32C"] == crc_to_b64(crc32c(data))
+    assert uploads(boto, s3_bucket) == []
+    assert read_verified(s3_bucket.path("big.bin"), storage_options=via_proxy) == data
+
+
+# --- nothing visible, nothing dangling ----------------------------------------------------
+
+def _leave_by_exception(adapter: S3Adapter, path: str, data: bytes, boto: Any,
+                        bucket: Bucket) -> None:
+    with pytest.raises(RuntimeError), adapter.open_atomic(path) as f:
+        f.write(data)
+        assert uploads(boto, bucket)  # parts really went out before the failure
+        raise RuntimeError("writer failed mid-upload")
+
+
+def _leave_by_interrupt(adapter: S3Adapter, path: str, data: bytes, boto: Any,
+                        bucket: Bucket) -> None:
+    with pytest.raises(KeyboardInterrupt), adapter.open_atomic(path) as f:
+        f.write(data)
+        assert uploads(boto, bucket)
+        raise KeyboardInterrupt
+
+
+def _leave_by_close(adapter: S3Adapter, path: str, data: bytes, boto: Any,
+                    bucket: Bucket) -> None:
+    f = adapter.open_atomic(path)
+    f.write(data)
+    assert uploads(boto, bucket)
+    f.close()  # s3fs's own files commit here; ours must not
+
+
+def _leave_by_gc(adapter: S3Adapter, path: str, data: bytes, boto: Any,
+                 bucket: Bucket) -> None:
+    f = adapter.open_atomic(path)
+    f.write(data)
+    assert uploads(boto, bucket)
+    del f
+    gc.collect()
+
+
+def _leave_atomic_write(adapter: S3Adapter, path: str, data: bytes, boto: Any,
+                        bucket: Bucket) -> None:
+    with pytest.raises(ValueError, match="half-way"), \
+            atomic_write(bucket.path(path.split("/", 1)[1]),
+                         storage_options=bucket.storage_options) as f:
+        f.write(data)
+        f.flush()
+        assert uploads(boto, bucket)
+        raise ValueError("half-way")
+
+
+@pytest.mark.parametrize("leave", [_leave_by_exception, _leave_by_interrupt, _leave_by_close,
+                                   _leave_by_gc, _leave_atomic_write])
+def test_unfinished_upload_leaves_no_object_and_no_multipart_upload(
+        s3_bucket: Bucket, adapter: S3Adapter, boto: Any, leave: Any) -> None:
+    path = f"{s3_bucket.name}/dir/obj.bin"
+    leave(adapter, path, os.urandom(2 * PART + 10), boto, s3_bucket)
+    assert stored(boto, s3_bucket, "dir/obj.bin") is None
+    assert uploads(boto, s3_bucket) == []
+    assert boto.list_objects_v2(Bucket=s3_bucket.name).get("KeyCount") == 0
+
+
+def test_a_completed_upload_counting_other_parts_is_taken_away(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any) -> None:
+    # The store answers CompleteMultipartUpload with an ETag for 2 parts where 3 were sent.
+    proxy.add(faults.rewrite_etag(lambda etag: etag.replace("-3", "-2"), method="POST",
+                                  path=_only("obj.bin"), query="uploadId"))
+    with pytest.raises(IntegrityError, match=r"obj\.bin: completed from 3 parts, the store's "
+                                              r"ETag .*-2\" counts 2"), \
+            atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy) as f:
+        f.write(os.urandom(MULTI))
+    assert stored(boto, s3_bucket, "obj.bin") is None
+    assert uploads(boto, s3_bucket) == []
+
+
+# --- create-only --------------------------------------------------------------------------
+
+def test_create_only_race_has_exactly_one_winner(
+        s3_bucket: Bucket, adapter: S3Adapter, boto: Any) -> None:
+    writers = 8
+    for round_ in range(20):
+        key = f"race/{round_}"
+        barrier = threading.Barrier(writers)
+        outcome: dict[int, str] = {}
+
+        def write(i: int, key: str = key, barrier: threading.Barrier = barrier,
+                  outcome: dict[int, str] = outcome) -> None:
+            barrier.wait()
+            try:
+                adapter.put(f"{s3_bucket.name}/{key}", b"writer %d" % i, create_only=True)
+                outcome[i] = "won"
+            except FileExistsError:
+                outcome[i] = "refused"
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [i for i, o in outcome.items() if o == "won"]
+        assert len(outcome) == writers and len(winners) == 1, (round_, outcome)
+        assert stored(boto, s3_bucket, key) == b"writer %d" % winners[0]
+    assert adapter.capabilities.create_only is True
+
+
+def test_create_only_multipart_loses_cleanly(
+        s3_bucket: Bucket, adapter: S3Adapter, boto: Any) -> None:
+    path = f"{s3_bucket.name}/mp.bin"
+    first, second = os.urandom(MULTI), os.urandom(MULTI)
+    a = adapter.open_atomic(path, create_only=True)
+    b = adapter.open_atomic(path, create_only=True)
+    a.write(first)
+    b.write(second)
+    a.commit()
+    with pytest.raises(FileExistsError, match=r"mp\.bin"):
+        b.commit()  # refused by If-None-Match on CompleteMultipartUpload
+    assert stored(boto, s3_bucket, "mp.bin") == first
+    assert uploads(boto, s3_bucket) == []
+
+
+def test_an_endpoint_ignoring_if_none_match_is_declared_not_pretended(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any) -> None:
+    # A store that ignores If-None-Match, made of moto (which enforces it) by taking the
+    # header off every request on its way through the proxy (moto does not check SigV4).
+    # The predicate edits the request it is shown and never selects the (inert) fault.
+    def strip_if_none_match(request: faults.RequestInfo) -> bool:
+        request.headers.remove("if-none-match")
+        return False
+
+    proxy.add(faults.delay(0, match=Match(where=strip_if_none_match)))
+    adapter = _adapter(via_proxy)
+    assert "probed" in adapter.capabilities.note
+    try:
+        _check_declared_weaker(s3_bucket, proxy, adapter, boto)
+    finally:
+        # The verdict is kept per endpoint: a later proxy on this port must probe afresh.
+        S3Adapter._create_only_by_endpoint.pop(adapter._endpoint(), None)
+
+
+def _check_declared_weaker(s3_bucket: Bucket, proxy: FaultProxy, adapter: S3Adapter,
+                           boto: Any) -> None:
+    adapter.put(f"{s3_bucket.name}/k", b"first", create_only=True)
+
+    caps = adapter.capabilities
+    assert caps.create_only is False and "ignores If-None-Match" in caps.note
+    puts_before = len(requests(proxy, "PUT", "k"))
+    with pytest.raises(FileExistsError, match="/k already exists"):
+        adapter.put(f"{s3_bucket.name}/k", b"second", create_only=True)
+    assert len(requests(proxy, "PUT", "k")) == puts_before  # refused by the HEAD, not sent
+    assert stored(boto, s3_bucket, "k") == b"first"
+    assert [k for k in (o["Key"] for o in boto.list_objects_v2(
+        Bucket=s3_bucket.name).get("Contents", []))] == ["k"]  # the probe cleaned up
+
+
+# --- entries ------------------------------------------------------------------------------
+
+def test_entry_on_s3_commits_verifies_and_catches_corruption(
+        s3_bucket: Bucket, adapter: S3Adapter, boto: Any) -> None:
+    url = s3_bucket.path("runs", "ds")
+    entry = Entry(url, storage_options=s3_bucket.storage_options)
+    small, big = os.urandom(1000), os.urandom(MULTI)
+    with entry.writing() as w:
+        w.fs.pipe_file(f"{w.path}/a/small.bin", small)
+        with w.fs.open(f"{w.path}/big.bin", "wb") as f:
+            f.write(big)
+    assert entry.state() is State.COMPLETE
+    report = entry.verify(deep=True)
+    assert report.ok and report.objects == 2 and report.bytes_checked == len(small) + len(big)
+    assert read_verified(f"{url}/big.bin", storage_options=s3_bucket.storage_options) == big
+
+    # Behind durable's back: same size, other bytes.
+    boto.put_object(Bucket=s3_bucket.name, Key="runs/ds/a/small.bin", Body=os.urandom(1000))
+    with pytest.raises(IntegrityError, match=r"ds/a/small\.bin: crc32c expected"):
+        entry.verify(deep=True)
+    with pytest.raises(IntegrityError, match="CRC32C"):
+        read_verified(f"{url}/a/small.bin", storage_options=s3_bucket.storage_options)
+
+
+def test_object_replaced_during_a_read_is_an_error(
+        s3_bucket: Bucket, adapter: S3Adapter, boto: Any) -> None:
+    path = f"{s3_bucket.name}/obj"
+    adapter.put(path, b"version one")
+    info = adapter.info(path)
+    assert info is not None
+    boto.put_object(Bucket=s3_bucket.name, Key="obj", Body=b"version two")
+    with adapter.open_read(path, info) as f, \
+            pytest.raises(IntegrityError, match="obj: replaced since it was listed"):
+        f.read()
+
+
+def test_listing_is_one_paginated_listing(
+        s3_bucket: Bucket, adapter: S3Adapter, proxy: FaultProxy,
+        via_proxy: dict[str, Any], boto: Any) -> None:
+    for i in range(3):
+        boto.put_object(Bucket=s3_bucket.name, Key=f"p/{i}/x", Body=b"x" * i)
+    boto.put_object(Bucket=s3_bucket.name, Key="p/folder/", Body=b"")
+    boto.put_object(Bucket=s3_bucket.name, Key="pq", Body=b"not below p/")
+    proxied = _adapter(via_proxy)
+    listing = proxied.list(f"{s3_bucket.name}/p")
+    assert {k: v.size for k, v in listing.items()} == {"0/x": 0, "1/x": 1, "2/x": 2}
+    assert len(proxy.requests) == 1  # no request per object
+    assert proxied.exists(f"{s3_bucket.name}/p") and not proxied.exists(f"{s3_bucket.name}/z")
+    proxied.delete_prefix(f"{s3_bucket.name}/p")
+    keys = [o["Key"] for o in boto.list_objects_v2(Bucket=s3_bucket.name).get("Contents", [])]
+    assert keys == ["pq"]
+
+
+# --- faults through the proxy -------------------------------------------------------------
+
+def _write(bucket: Bucket, key: str, data: bytes) -> str:
+    url = bucket.path(key)
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(data)
+    return url
+
+
+def test_truncated_body_is_an_error_on_every_read_path(
+        s3_bucket: Bucket, adapter: S3Adapter, proxy: FaultProxy,
+        via_proxy: dict[str, Any]) -> None:
+    data = os.urandom(MULTI)
+    _write(s3_bucket, "d/obj.bin", data)
+    proxy.add(faults.truncate_body(keep=100_000, path=_only("d/obj.bin")))
+    url = s3_bucket.path("d/obj.bin")
+    with pytest.raises(IntegrityError, match=r"d/obj\.bin: body ended at byte"):
+        read_verified(url, storage_options=via_proxy)
+    with open_verified(url, storage_options=via_proxy) as f, \
+            pytest.raises(IntegrityError, match=r"d/obj\.bin"):
+        f.read()
+    with pytest.raises(IntegrityError, match=r"d/obj\.bin.*unreadable"):
+        Entry(url, storage_options=via_proxy).verify(deep=True)
+
+
+def test_a_cut_body_is_requested_again_pinned_to_its_etag(
+        s3_bucket: Bucket, adapter: S3Adapter, proxy: FaultProxy,
+        via_proxy: dict[str, Any]) -> None:
+    data = os.urandom(MULTI)
+    _write(s3_bucket, "obj.bin", data)
+    etag = adapter.info(f"{s3_bucket.name}/obj.bin").version  # type: ignore[union-attr]
+    proxy.add(faults.truncate_body(keep=100_000, path=_only("obj.bin"), times=1))
+    assert read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy) == data
+    gets = requests(proxy, "GET", "obj.bin")
+    assert [g.truncated for g in gets] == [True, False]
+    assert [g.headers["if-match"] for g in gets] == [etag, etag]
+
+
+def test_a_cut_body_never_resumes_into_another_version(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any) -> None:
+    _write(s3_bucket, "obj.bin", os.urandom(MULTI))
+    seen = []
+
+    def replace_before_second_get(request: faults.RequestInfo) -> bool:
+        seen.append(request)
+        if len(seen) == 2:  # the re-request after the cut: the object is replaced first
+            boto.put_object(Bucket=s3_bucket.name, Key="obj.bin", Body=os.urandom(MULTI))
+        return False
+
+    proxy.add(faults.delay(0, match=Match(methods="GET", path=_only("obj.bin"),
+                                          where=replace_before_second_get)))
+    proxy.add(faults.truncate_body(keep=100_000, path=_only("obj.bin"), times=1))
+    with pytest.raises(IntegrityError, match=r"obj\.bin: replaced since it was listed"):
+        read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("mode", ["cut", "consistent"])
+@pytest.mark.parametrize("verify", ["probe", "full"])
+def test_object_short_by_whole_parts_is_caught_at_write_time(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any,
+        mode: str, verify: Any) -> None:
+    proxy.add(faults.short_object(part_size=PART, parts_missing=1, mode=mode,  # type: ignore[arg-type]
+                                  path=_only("obj.bin")))
+    with pytest.raises(IntegrityError, match=r"obj\.bin"), \
+            atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                         verify=verify) as f:
+        f.write(os.urandom(MULTI))
+    assert stored(boto, s3_bucket, "obj.bin") is None  # taken away, never left as whole
+    assert uploads(boto, s3_bucket) == []
+
+
+@pytest.mark.parametrize("mode", ["cut", "consistent"])
+def test_object_short_by_whole_parts_behind_a_full_head_is_caught_on_read(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], mode: str) -> None:
+    data = os.urandom(MULTI)
+    proxy.add(faults.short_object(part_size=PART, parts_missing=1, mode=mode,  # type: ignore[arg-type]
+                                  path=_only("obj.bin")))
+    # "size" sees only the HEAD, which reports the full size: the write passes...
+    with atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                      verify="size") as f:
+        f.write(data)
+    # ... and every read refuses it.
+    with pytest.raises(IntegrityError, match=r"obj\.bin"):
+        read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
+    with pytest.raises(IntegrityError, match=r"obj\.bin"):
+        Entry(s3_bucket.path("obj.bin"), storage_options=via_proxy).verify(deep=True)
+
+
+def test_403_error_document_is_never_returned(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
+    _write(s3_bucket, "obj.bin", b"payload")
+    proxy.add(faults.error(403, method="GET", path=_only("obj.bin")))
+    url = s3_bucket.path("obj.bin")
+    with pytest.raises(PermissionError, match=r"s3://.*/obj\.bin: .*HTTP 403 AccessDenied"):
+        read_verified(url, storage_options=via_proxy)
+    with pytest.raises(PermissionError, match="HTTP 403"):
+        _adapter(via_proxy).read(f"{s3_bucket.name}/obj.bin")
+
+
+def test_error_document_served_as_200_is_refused_by_the_record(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
+    _write(s3_bucket, "obj.bin", b"payload")
+    proxy.add(faults.error_body_with_200(path=_only("obj.bin")))
+    with pytest.raises(IntegrityError, match=r"obj\.bin: recorded with 7 bytes"):
+        read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
+
+
+def test_corrupt_part_is_caught_at_write_time_by_the_crc32c_the_store_computed(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any) -> None:
+    """moto keeps a corrupted part without checking the CRC32C sent with it (a real S3
+    refuses it), but computes the full-object CRC32C from what it stored: the HEAD of
+    verify="size" compares that with the CRC32C the writer computed."""
+    proxy.add(faults.corrupt_part_bytes(offset=10, path=_only("obj.bin"), times=1))
+    with pytest.raises(IntegrityError, match=r"obj\.bin: the store recorded CRC32C"), \
+            atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                         verify="size") as f:
+        f.write(os.urandom(MULTI))
+    assert stored(boto, s3_bucket, "obj.bin") is None
+    assert uploads(boto, s3_bucket) == []
+
+
+def test_corrupt_part_without_a_full_object_checksum_is_caught_by_full_verify(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any) -> None:
+    """A store without FULL_OBJECT checksums keeps only a checksum of part checksums,
+    which a HEAD cannot compare: reading back and comparing the CRC32C is what is left."""
+    adapter = _adapter(via_proxy)
+    adapter.full_object_checksum = False
+    try:
+        proxy.add(faults.corrupt_part_bytes(offset=10, path=_only("obj.bin"), times=1))
+        with pytest.raises(IntegrityError, match=r"obj\.bin: read back .* with CRC32C"), \
+                atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                             verify="full") as f:
+            f.write(os.urandom(MULTI))
+    finally:
+        adapter.full_object_checksum = True
+    assert stored(boto, s3_bucket, "obj.bin") is None
+
+
+_PUT_OBJECT = Match(methods="PUT", path=_only("obj.bin"), query="!uploadId")
+
+
+def test_corrupt_single_put_is_refused_by_a_full_verify(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any) -> None:
+    proxy.add(faults.corrupt_part_bytes(offset=10, match=_PUT_OBJECT, times=1))
+    with pytest.raises(IntegrityError, match=r"obj\.bin"), \
+            atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                         verify="full") as f:
+        f.write(os.urandom(1000))
+    assert stored(boto, s3_bucket, "obj.bin") is None
+
+
+def test_corrupt_stored_bytes_fail_the_stores_own_crc32c_on_every_whole_get(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
+    """moto stores the CRC32C sent with a corrupted PutObject: a whole-object GET checks
+    the body against it (ChecksumMode, awscrt), so even a read with no record is refused."""
+    proxy.add(faults.corrupt_part_bytes(offset=10, match=_PUT_OBJECT, times=1))
+    with atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy, record=False,
+                      verify="size") as f:
+        f.write(os.urandom(1000))
+    with pytest.raises(IntegrityError, match=r"obj\.bin: the body does not match the CRC32C"):
+        _adapter(via_proxy).read(f"{s3_bucket.name}/obj.bin")
+
+
+def test_unquoted_etag_is_normalised_and_still_pins(
+        s3_bucket: Bucket, adapter: S3Adapter, proxy: FaultProxy,
+        via_proxy: dict[str, Any]) -> None:
+    data = os.urandom(1000)
+    _write(s3_bucket, "obj.bin", data)
+    etag = adapter.info(f"{s3_bucket.name}/obj.bin").version  # type: ignore[union-attr]
+    proxy.add(faults.rewrite_etag("unquoted", path=_only("obj.bin")))
+    assert read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy) == data
+    assert requests(proxy, "GET", "obj.bin")[-1].headers["if-match"] == etag
+
+
+@pytest.mark.parametrize("style", ["weak", "empty", "missing"])
+def test_unusable_etag_is_a_clear_error(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], style: str) -> None:
+    _write(s3_bucket, "obj.bin", b"payload")
+    proxy.add(faults.rewrite_etag(style, path=_only("obj.bin")))  # type: ignore[arg-type]
+    with pytest.raises(IntegrityError, match=r"obj\.bin: the store answered .*ETag"):
+        read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
+
+
+def test_a_store_ignoring_if_match_cannot_serve_another_version(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
+    _write(s3_bucket, "obj.bin", b"payload")
+    proxy.add(faults.rewrite_etag(lambda _: '"another"', method="GET", path=_only("obj.bin")))
+    with pytest.raises(IntegrityError, match=r"obj\.bin: replaced since it was listed"):
+        read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
+
+
+def test_a_store_ignoring_range_cannot_hand_out_the_wrong_bytes(
+        s3_bucket: Bucket, adapter: S3Adapter, proxy: FaultProxy,
+        via_proxy: dict[str, Any]) -> None:
+    data = os.urandom(100_000)
+    adapter.put(f"{s3_bucket.name}/obj.bin", data)
+    proxied = _adapter(via_proxy)
+    info = proxied.info(f"{s3_bucket.name}/obj.bin")
+    assert info is not None
+    with proxied.open_read(info.path, info) as f:
+        f.seek(70_000)
+        assert f.read(10) == data[70_000:70_010]
+
+    # A server (or a cache in front of it) that drops the Range header answers with the
+    # whole object from byte 0.
+    def drop_range(request: faults.RequestInfo) -> bool:
+        request.headers.remove("range")
+        return False
+
+    proxy.add(faults.delay(0, match=Match(methods="GET", where=drop_range)))
+    with proxied.open_read(info.path, info) as f, \
+            pytest.raises(IntegrityError, match=r"obj\.bin: asked for 30000 bytes from byte "
+                                                r"70000, the store answers Content-Length"):
+        f.seek(70_000)
+        f.read(10)
+    with pytest.raises(IntegrityError, match=r"obj\.bin: asked for 1 bytes from byte 99999"):
+        proxied.verify_written(info.path, _written_checksum(data), "probe")
+    proxy.clear()
+
+    # A cache that serves a range of the right length from the wrong offset.
+    def shift_range(request: faults.RequestInfo) -> bool:
+        if request.headers.get("range") == "bytes=70000-99999":
+            request.headers.set("range", "bytes=0-29999")
+        return False
+
+    proxy.add(faults.delay(0, match=Match(methods="GET", where=shift_range)))
+    with proxied.open_read(info.path, info) as f, \
+            pytest.raises(IntegrityError, match=r"asked for bytes 70000-99999/100000, the "
+                                                r"store answers Content-Range bytes 0-29999"):
+        f.seek(70_000)
+        f.read(10)
+
