@@ -11,6 +11,9 @@ Layout, for an entry at ``PARENT/NAME`` (a directory/prefix, or a single object)
                                          the manifest, when too large to inline
     PARENT/.durable/NAME/attempts/<attempt>.json
                                          "a writer started", removed after its commit
+    PARENT/.durable/NAME/lease.json      the writer lease, kept alive by a heartbeat
+    PARENT/.durable/NAME/fragments/<attempt>/...
+                                         what other processes of one write recorded
 
 The records sit beside the entry, not inside it: zarr-python warns about every object
 inside a group that is not a zarr node, so a marker inside a zarr store would make every
@@ -331,6 +334,11 @@ class Layout:
     @property
     def marker(self) -> str:
         return f"{self.records}/{MARKER_NAME}"
+
+    @property
+    def lease(self) -> str:
+        """The writer lease: rewritten by its holder's heartbeat, so its version changes."""
+        return f"{self.records}/lease.json"
 
     @property
     def attempts(self) -> str:
