@@ -1,0 +1,299 @@
+"""Azure Blob Storage through adlfs (extra ``azure``), with the azure-storage-blob clients it holds.
+
+Why not adlfs's file objects: leaving ``with fs.open(...)`` by an exception still commits
+what was written. The adapter drives the async clients of ``fs.service_client`` itself:
+
+- up to `SINGLE_PUT` bytes: one Put Blob with ``Content-MD5``;
+- beyond: Put Block per `BLOCK` bytes as they arrive (each with ``Content-MD5``), and one
+  Put Block List at commit. Until that list is committed the blocks are invisible; on abort
+  there is nothing to remove (Azure discards uncommitted blocks after a week, or when the
+  blob is next written).
+
+Azure checks a request's ``Content-MD5`` and refuses a body that does not match (400
+Md5Mismatch), so every byte is checked by the store on arrival. It does not check a
+whole-blob MD5 given with a block list, so none is computed; our CRC32C goes into the
+manifest as for every store. Create-only is ``If-None-Match: *``; reads send ``If-Match``
+with the ETag seen at open, so a replaced blob fails the read (412).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, BinaryIO
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    IncompleteReadError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.storage.blob import BlobBlock
+from fsspec.asyn import sync
+
+from durable._errors import IntegrityError
+from durable.adapters._ranged import open_pinned
+from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+
+__all__ = ["BLOCK", "SINGLE_PUT", "AzureAdapter"]
+
+#: Size of a staged block.
+BLOCK = 8 * 1024 * 1024
+#: The largest blob written by one Put Blob. The SDK hands a Put Blob body to aiohttp as
+#: bytes, which aiohttp warns about above 1 MiB; staged blocks go out as files.
+SINGLE_PUT = 1024 * 1024
+_MAX_BLOCKS = 50_000  # Azure's limit per blob: 50,000 x 8 MiB = 390 GiB
+_DELETE_CONCURRENCY = 16
+
+
+def _error_code(exc: HttpResponseError) -> str | None:
+    # Set by azure-storage-blob on the errors it raises; not declared on the class.
+    code = getattr(exc, "error_code", None)
+    return str(code) if code is not None else None
+
+
+def _md5_refused(exc: HttpResponseError) -> bool:
+    # Azure answers 400 Md5Mismatch; azurite 400 InvalidOperation "Provided contentMD5
+    # doesn't match."
+    return _error_code(exc) == "Md5Mismatch" or (
+        exc.status_code == 400 and "md5" in str(exc.message).lower())
+
+
+def _cut_short(exc: BaseException) -> bool:
+    # The SDK re-raises a body that ended early as a plain HttpResponseError whose cause
+    # is the IncompleteReadError it made of aiohttp's ClientPayloadError.
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, IncompleteReadError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _etag(value: object) -> str:
+    # Properties and upload replies quote the ETag, listings do not: one form for both,
+    # so a version from a listing pins a read as well as one from a stat.
+    return '"' + str(value).strip('"') + '"'
+
+
+def _is_folder(metadata: dict[str, str] | None) -> bool:
+    # adlfs and ADLS Gen2 mark "directories" with an empty blob: not an object.
+    return (metadata or {}).get("hdi_isfolder") == "true"
+
+
+class _AzureAtomicFile(AtomicFile):
+    def __init__(self, adapter: AzureAdapter, path: str, *, create_only: bool) -> None:
+        super().__init__(path)
+        self._adapter = adapter
+        self._create_only = create_only
+        self._buf = bytearray()
+        self._blocks: list[str] = []
+        # Block IDs are per blob, not per writer: a random prefix keeps two writers of one
+        # name from overwriting each other's staged blocks. All IDs have the same length,
+        # as Azure requires.
+        self._prefix = uuid.uuid4().hex[:16]
+
+    def _write(self, data: memoryview) -> None:
+        self._buf += data
+        # Strictly more than a block: the rest waits for commit, which then knows whether
+        # one Put Blob can carry the whole blob.
+        while len(self._buf) > BLOCK:
+            self._stage(BLOCK)
+
+    def _stage(self, n: int) -> None:
+        if len(self._blocks) >= _MAX_BLOCKS:
+            raise OSError(f"{self._adapter.url(self.path)}: over {_MAX_BLOCKS} blocks of "
+                          f"{BLOCK} bytes, the most one Azure blob can hold")
+        block_id = f"{self._prefix}-{len(self._blocks):06d}"  # the SDK base64-encodes it
+        self._adapter._call(self.path, "stage_block", block_id, io.BytesIO(self._buf[:n]),
+                            length=n, validate_content="md5")
+        del self._buf[:n]
+        self._blocks.append(block_id)
+
+    def _commit(self) -> ObjectInfo:
+        size = self.checksum.size
+        cond: dict[str, Any] = {}
+        if self._create_only:
+            cond["match_condition"] = MatchConditions.IfMissing  # If-None-Match: *
+        if not self._blocks and len(self._buf) <= SINGLE_PUT:
+            reply = self._adapter._call(self.path, "upload_blob", bytes(self._buf),
+                                        length=len(self._buf), blob_type="BlockBlob",
+                                        overwrite=True, validate_content="md5", **cond)
+        else:
+            if self._buf:
+                self._stage(len(self._buf))
+            try:
+                reply = self._adapter._call(
+                    self.path, "commit_block_list",
+                    [BlobBlock(block_id=b) for b in self._blocks], **cond)
+            except HttpResponseError as exc:
+                if _error_code(exc) != "InvalidBlockList":
+                    raise
+                if self._create_only and self._adapter.info(self.path) is not None:
+                    raise self._adapter._exists_error(self.path) from None
+                raise OSError(
+                    f"{self._adapter.url(self.path)}: the staged blocks were discarded "
+                    "before commit (another writer wrote this blob meanwhile); nothing "
+                    "was published") from exc
+        self._buf = bytearray()
+        self._adapter.fs.invalidate_cache(self.path)
+        return ObjectInfo(self.path, size, _etag(reply["etag"]))
+
+    def _abort(self) -> None:
+        # Staged blocks are invisible until a block list names them: nothing to undo.
+        self._buf = bytearray()
+        self._blocks = []
+
+
+class AzureAdapter(Adapter):
+    protocols = ("abfs", "abfss", "az")
+    capabilities = Capabilities(
+        atomic_objects=True, create_only=True, durable=True, pinned_reads=True,
+        note=("one Put Blob up to 1 MiB, else blocks staged as written and one Put Block "
+              "List at commit; Content-MD5 on every upload request, checked by Azure "
+              "(no whole-blob check of a block list); create-only by If-None-Match: *; "
+              "reads pinned by If-Match on the ETag. Another writer's Put Blob to the same "
+              "name discards our staged blocks: our commit then fails, publishing nothing"),
+    )
+
+    # helpers --------------------------------------------------------------------------------
+    def _split(self, path: str) -> tuple[str, str]:
+        container, _, key = self.fs._strip_protocol(path).lstrip("/").partition("/")
+        return container, key
+
+    def _exists_error(self, path: str) -> FileExistsError:
+        return FileExistsError(f"{self.url(path)} exists: create-only write refused by "
+                               "the store (If-None-Match: *)")
+
+    def _call(self, path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``BlobClient.<method>`` on ``path``, with Azure's refusals as our errors."""
+        container, key = self._split(path)
+
+        async def run() -> Any:
+            async with self.fs.service_client.get_blob_client(container, key) as client:
+                return await getattr(client, method)(*args, **kwargs)
+
+        try:
+            return sync(self.fs.loop, run)
+        except (ResourceExistsError, ResourceModifiedError):
+            # 409 BlobAlreadyExists / 412 ConditionNotMet on an If-None-Match: * write.
+            if "match_condition" in kwargs:
+                raise self._exists_error(path) from None
+            raise
+        except HttpResponseError as exc:
+            if _md5_refused(exc):
+                url = self.url(path)
+                raise IntegrityError(
+                    f"{url}: the store refused the upload, its bytes do not match the "
+                    f"Content-MD5 sent with them (corrupted in transit?): {exc.message}",
+                    url=url, expected="the Content-MD5 sent", found="other bytes") from exc
+            raise
+
+    # writing --------------------------------------------------------------------------------
+    def open_atomic(self, path: str, *, create_only: bool = False,
+                    durable: bool = True) -> AtomicFile:
+        return _AzureAtomicFile(self, path, create_only=create_only)
+
+    # reading --------------------------------------------------------------------------------
+    def info(self, path: str) -> ObjectInfo | None:
+        if not self._split(path)[1] or path.endswith("/"):
+            return None
+        try:
+            props = self._call(path, "get_blob_properties")
+        except ResourceNotFoundError:
+            return None
+        if _is_folder(props.metadata):
+            return None
+        return ObjectInfo(path, int(props.size), _etag(props.etag))
+
+    def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
+        container, key = self._split(prefix.rstrip("/") + "/")
+
+        async def run() -> dict[str, ObjectInfo]:
+            out: dict[str, ObjectInfo] = {}
+            async with self.fs.service_client.get_container_client(container) as client:
+                async for blob in client.list_blobs(name_starts_with=key,
+                                                    include=["metadata"]):
+                    if _is_folder(blob.metadata) or blob.name.endswith("/"):
+                        continue
+                    out[blob.name[len(key):]] = ObjectInfo(f"{container}/{blob.name}",
+                                                           int(blob.size), _etag(blob.etag))
+                    if limit is not None and len(out) >= limit:
+                        break
+            return out
+
+        try:
+            result: dict[str, ObjectInfo] = sync(self.fs.loop, run)
+        except ResourceNotFoundError as exc:
+            # A missing container is a configuration error, not an empty listing (which
+            # would make every entry in it look ABSENT).
+            raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
+        return result
+
+    def list(self, prefix: str) -> dict[str, ObjectInfo]:
+        return dict(sorted(self._listing(prefix).items()))
+
+    def exists(self, path: str) -> bool:
+        return self.info(path) is not None or bool(self._listing(path, limit=1))
+
+    def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
+        url = self.url(path)
+        pin: dict[str, Any] = {}
+        if info.version is not None:
+            pin = {"etag": info.version, "match_condition": MatchConditions.IfNotModified}
+
+        def fetch(start: int, length: int) -> bytes:
+            async def run() -> bytes:
+                container, key = self._split(path)
+                async with self.fs.service_client.get_blob_client(container, key) as client:
+                    stream = await client.download_blob(offset=start, length=length, **pin)
+                    data: bytes = await stream.readall()
+                    return data
+
+            try:
+                data: bytes = sync(self.fs.loop, run)
+            except (ResourceModifiedError, ResourceNotFoundError) as exc:
+                # 412 on If-Match: the blob is another version now; 404: it is gone.
+                raise IntegrityError(
+                    f"{url}: replaced or deleted since it was opened (ETag {info.version} "
+                    "no longer matches)", url=url, expected=info.version,
+                    found="another ETag or none") from exc
+            except HttpResponseError as exc:
+                if not _cut_short(exc):
+                    raise
+                # The body ended before its Content-Length on every retry the SDK made.
+                raise IntegrityError(
+                    f"{url}: bytes {start}-{start + length - 1} arrived short on every "
+                    f"attempt ({exc.message})", url=url, expected=length,
+                    found="a short body") from exc
+            return data
+
+        return open_pinned(url, info.size, fetch)
+
+    # removing -------------------------------------------------------------------------------
+    def delete(self, paths: Iterable[str]) -> None:
+        keys = [self._split(p) for p in paths]
+        keys = [(c, k) for c, k in keys if k]  # a bare container is never deleted here
+        if keys:
+            sync(self.fs.loop, self._delete_all, keys)
+            for container, key in keys:
+                self.fs.invalidate_cache(f"{container}/{key}")
+
+    async def _delete_all(self, keys: Sequence[tuple[str, str]]) -> None:
+        limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
+
+        async def one(container: str, key: str) -> None:
+            async with limit, self.fs.service_client.get_blob_client(container, key) as c:
+                with contextlib.suppress(ResourceNotFoundError):
+                    await c.delete_blob(delete_snapshots="include")
+
+        await asyncio.gather(*(one(c, k) for c, k in keys))
+
+    def delete_prefix(self, prefix: str) -> None:
+        paths = [info.path for info in self._listing(prefix).values()]
+        self.delete([prefix.rstrip("/"), *paths])

@@ -1,0 +1,342 @@
+"""Google Cloud Storage through gcsfs (extra ``gcs``): the JSON API, over gcsfs's session.
+
+Why not ``GCSFile``: its ``close()`` (and so an exception leaving ``with fs.open(...)``)
+finalizes whatever was written, and it sends no CRC32C for the store to check. The requests
+here go through gcsfs's authenticated, retrying ``_call`` instead:
+
+- up to `CHUNK` bytes: one multipart upload whose object resource carries our ``crc32c``;
+- beyond: a resumable session, fed `CHUNK`-sized pieces as the bytes arrive and finalized
+  only by the request `commit` sends (with ``X-Goog-Hash: crc32c=...``); at least one byte
+  is always held back for it, so nothing else can finalize the object. `abort` cancels the
+  session; an unfinalized session is never visible and expires on its own.
+
+The CRC32C the store answers with is compared with ours as well: where a store skipped the
+check (emulators do), an object that differs from what was sent is removed at once.
+Create-only is ``ifGenerationMatch=0``; every ranged GET names the generation seen at open
+(``generation=`` and ``ifGenerationMatch=``), so a replaced object fails the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, BinaryIO
+from urllib.parse import quote
+
+import aiohttp
+from fsspec.asyn import sync
+from gcsfs.retry import HttpError
+
+from durable._checksum import crc_from_b64, crc_to_b64, crc_to_hex
+from durable._errors import IntegrityError
+from durable.adapters._ranged import open_pinned
+from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+
+__all__ = ["CHUNK", "GCSAdapter"]
+
+#: Resumable pieces (GCS wants multiples of 256 KiB) and the single-request upload limit.
+CHUNK = 8 * 1024 * 1024
+_DELETE_CONCURRENCY = 16
+_CANCEL_TIMEOUT = 10.0
+
+
+def _q(text: str) -> str:
+    return quote(text, safe="")
+
+
+def _body(data: bytes | bytearray) -> io.BytesIO:
+    # A file, not bytes: aiohttp warns about (and blocks its loop on) large bytes bodies,
+    # and gcsfs rewinds a file before each retry.
+    return io.BytesIO(bytes(data))
+
+
+def _refused_checksum(exc: Exception) -> bool:
+    # GCS (and gcp-storage-emulator) answer 400 "Provided CRC32C ... doesn't match
+    # calculated CRC32C ..."; gcsfs raises it as HttpError (ValueError if "invalid").
+    return "crc32c" in str(exc).lower()
+
+
+class _GCSAtomicFile(AtomicFile):
+    def __init__(self, adapter: GCSAdapter, path: str, *, create_only: bool) -> None:
+        super().__init__(path)
+        self._adapter = adapter
+        self._bucket, self._key = adapter._split(path)
+        self._create_only = create_only
+        self._buf = bytearray()
+        self._session: str | None = None  # resumable session URI, once one is started
+        self._persisted = 0  # bytes the session has stored (the offset of _buf[0])
+
+    def _write(self, data: memoryview) -> None:
+        self._buf += data
+        # Strictly more than a chunk: the last bytes always wait for the finalizing request.
+        while len(self._buf) > CHUNK:
+            if self._session is None:
+                self._session = self._adapter._start_session(self._bucket, self._key,
+                                                             self._create_only)
+            self._send(CHUNK, total=None)
+
+    def _send(self, n: int, total: int | None) -> dict[str, Any] | None:
+        """PUT the first ``n`` buffered bytes; the object resource if this finalized."""
+        assert self._session is not None
+        start, end = self._persisted, self._persisted + n - 1
+        headers = {"Content-Range": f"bytes {start}-{end}/{'*' if total is None else total}",
+                   "Content-Type": "application/octet-stream"}
+        if total is not None:
+            # The finalizing request: GCS checks the whole object against this CRC32C.
+            headers["X-Goog-Hash"] = f"crc32c={crc_to_b64(self.checksum.crc)}"
+        fs = self._adapter.fs
+        try:
+            status, reply, _, body = sync(fs.loop, fs._request, "PUT", self._session,
+                                          headers=headers, data=_body(self._buf[:n]))
+        except FileExistsError:
+            # 412 on the finalizing request: the precondition of the session failed.
+            raise self._adapter._exists_error(self.path) from None
+        except (ValueError, OSError, HttpError) as exc:
+            if total is not None and _refused_checksum(exc):
+                raise self._adapter._refused(self.path, self.checksum.crc, exc) from exc
+            raise
+        if status != 308:
+            if total is None:
+                raise OSError(f"{self._adapter.url(self.path)}: upload session answered "
+                              f"{status} to a piece that must not finalize it")
+            resource: dict[str, Any] = json.loads(body)
+            return resource
+        # 308: the session kept bytes 0..N. A piece stored in part is resent from there.
+        got = reply.get("Range", "")
+        persisted = int(got.rpartition("-")[2]) + 1 if got else 0
+        if not start < persisted <= end + 1:
+            # No progress, or a count we cannot place: stop rather than resend forever.
+            raise OSError(f"{self._adapter.url(self.path)}: upload session reports {persisted} "
+                          f"bytes stored after a piece of bytes {start}-{end}")
+        del self._buf[:persisted - start]
+        self._persisted = persisted
+        return None
+
+    def _commit(self) -> ObjectInfo:
+        ck = self.checksum
+        resource = None
+        if self._session is None:
+            resource = self._adapter._upload_single(self.path, bytes(self._buf), ck.crc,
+                                                    self._create_only)
+        while resource is None:
+            if not self._buf:
+                raise OSError(f"{self._adapter.url(self.path)}: upload session holds every "
+                              "byte but did not finalize the object")
+            resource = self._send(len(self._buf), total=ck.size)
+        self._buf = bytearray()
+        self._session = None
+        return self._adapter._accept(self.path, resource, ck.size, ck.crc)
+
+    def _abort(self) -> None:
+        self._buf = bytearray()
+        session, self._session = self._session, None
+        if session is not None:
+            # Tidiness only: without its finalizing request the session never becomes an
+            # object. Best effort, and never from the event loop (garbage collection).
+            with contextlib.suppress(Exception):
+                sync(self._adapter.fs.loop, self._adapter._cancel, session,
+                     timeout=_CANCEL_TIMEOUT)
+
+
+class GCSAdapter(Adapter):
+    protocols = ("gs", "gcs")
+    capabilities = Capabilities(
+        atomic_objects=True, create_only=True, durable=True, pinned_reads=True,
+        note=("single-request upload up to 8 MiB, else a resumable session finalized only "
+              "at commit; CRC32C sent for GCS to check and the stored CRC32C compared on "
+              "the reply; create-only by ifGenerationMatch=0; reads pinned to the "
+              "generation. Emulators enforce less: gcp-storage-emulator checks crc32c but "
+              "no precondition and no generation pin; fake-gcs-server enforces "
+              "ifGenerationMatch=0 on single-request uploads only (not resumable ones) and "
+              "generation= on reads, and checks no checksum"),
+    )
+
+    # helpers --------------------------------------------------------------------------------
+    def _split(self, path: str) -> tuple[str, str]:
+        bucket, _, key = self.fs._strip_protocol(path).lstrip("/").partition("/")
+        return bucket, key
+
+    @property
+    def _upload_url(self) -> str:
+        return f"{self.fs._location}/upload/storage/v1/b/{{}}/o"
+
+    def _refused(self, path: str, crc: int, exc: Exception) -> IntegrityError:
+        url = self.url(path)
+        return IntegrityError(f"{url}: the store refused the upload, its bytes do not match "
+                              f"the CRC32C {crc_to_hex(crc)} sent with them (corrupted in "
+                              f"transit?): {exc}", url=url, expected=crc_to_hex(crc),
+                              found=str(exc))
+
+    def _exists_error(self, path: str) -> FileExistsError:
+        return FileExistsError(f"{self.url(path)} exists: create-only write refused by "
+                               "the store (ifGenerationMatch=0)")
+
+    def _start_session(self, bucket: str, key: str, create_only: bool) -> str:
+        params = {"ifGenerationMatch": "0"} if create_only else {}
+        try:
+            reply, _ = self.fs.call(
+                "POST", self._upload_url, bucket, uploadType="resumable", name=key,
+                json={"name": key}, headers={"X-Upload-Content-Type": "application/octet-stream"},
+                **params)
+        except FileExistsError:
+            raise self._exists_error(f"{bucket}/{key}") from None
+        location = reply.get("Location")
+        if not location:
+            raise OSError(f"gs://{bucket}/{key}: resumable upload started without a session "
+                          "URI")
+        return str(location)
+
+    async def _cancel(self, session: str) -> None:
+        # Straight to the session, no retries: abort must not wait out a backoff.
+        await self.fs._set_session()
+        async with self.fs.session.delete(session, headers=self.fs._get_headers(None)) as r:
+            await r.read()
+
+    def _upload_single(self, path: str, data: bytes, crc: int,
+                       create_only: bool) -> dict[str, Any]:
+        bucket, key = self._split(path)
+        # A random boundary: a fixed one can occur in the data and cut it short.
+        boundary = uuid.uuid4().hex
+        meta = json.dumps({"name": key, "crc32c": crc_to_b64(crc)})
+        body = b"".join([
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n"
+            f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
+            data, f"\r\n--{boundary}--\r\n".encode()])
+        params = {"ifGenerationMatch": "0"} if create_only else {}
+        try:
+            resource: dict[str, Any] = self.fs.call(
+                "POST", self._upload_url, bucket, uploadType="multipart", json_out=True,
+                headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+                data=_body(body), **params)
+        except FileExistsError:
+            raise self._exists_error(path) from None
+        except (ValueError, OSError, HttpError) as exc:
+            if not _refused_checksum(exc):
+                raise
+            raise self._refused(path, crc, exc) from exc
+        return resource
+
+    def _accept(self, path: str, resource: dict[str, Any], size: int, crc: int) -> ObjectInfo:
+        """The written object's info, or IntegrityError (and the object removed) if the
+        store holds other bytes than were sent: a store that skipped the CRC32C check."""
+        self.fs.invalidate_cache(path)
+        got_size = int(resource.get("size", -1))
+        got_crc = resource.get("crc32c")
+        generation = str(resource["generation"])
+        found = crc_from_b64(got_crc) if isinstance(got_crc, str) else None
+        if got_size == size and found in (crc, None):
+            return ObjectInfo(path, size, generation)
+        bucket, key = self._split(path)
+        outcome = "removed it"
+        try:
+            # Only this generation: a newer object by another writer is not ours to remove.
+            self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=generation)
+        except (OSError, ValueError, HttpError) as exc:
+            outcome = f"could not remove it ({exc})"
+        url = self.url(path)
+        shown = crc_to_hex(found) if found is not None else "none"
+        raise IntegrityError(
+            f"{url}: sent {size} bytes with CRC32C {crc_to_hex(crc)}, the store kept "
+            f"{got_size} bytes with CRC32C {shown}; {outcome}", url=url,
+            expected=(size, crc_to_hex(crc)), found=(got_size, shown))
+
+    # writing --------------------------------------------------------------------------------
+    def open_atomic(self, path: str, *, create_only: bool = False,
+                    durable: bool = True) -> AtomicFile:
+        return _GCSAtomicFile(self, path, create_only=create_only)
+
+    # reading --------------------------------------------------------------------------------
+    def info(self, path: str) -> ObjectInfo | None:
+        bucket, key = self._split(path)
+        if not key or key.endswith("/"):
+            return None
+        try:
+            res = self.fs.call("GET", "b/{}/o/{}", bucket, key, json_out=True)
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(path, int(res["size"]), str(res["generation"]))
+
+    def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
+        bucket, key = self._split(prefix.rstrip("/") + "/")
+        out: dict[str, ObjectInfo] = {}
+        token = None
+        while True:
+            page = self.fs.call("GET", "b/{}/o", bucket, json_out=True, prefix=key,
+                                pageToken=token, maxResults=limit or 1000)
+            for item in page.get("items", []):
+                name = item["name"]
+                if name.endswith("/"):
+                    continue  # a "directory" placeholder, not an object
+                out[name[len(key):]] = ObjectInfo(f"{bucket}/{name}", int(item["size"]),
+                                                  str(item["generation"]))
+            token = page.get("nextPageToken")
+            if not token or (limit is not None and len(out) >= limit):
+                return out
+
+    def list(self, prefix: str) -> dict[str, ObjectInfo]:
+        return dict(sorted(self._listing(prefix).items()))
+
+    def exists(self, path: str) -> bool:
+        return self.info(path) is not None or bool(self._listing(path, limit=1))
+
+    def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
+        bucket, key = self._split(path)
+        url = self.url(path)
+        media = f"{self.fs._location}/download/storage/v1/b/{_q(bucket)}/o/{_q(key)}"
+        pin = {} if info.version is None else {"generation": info.version,
+                                               "ifGenerationMatch": info.version}
+
+        def fetch(start: int, length: int) -> bytes:
+            try:
+                reply, body = self.fs.call(
+                    "GET", media, alt="media", **pin,
+                    headers={"Range": f"bytes={start}-{start + length - 1}"})
+            except aiohttp.ClientPayloadError as exc:
+                # The body ended before its Content-Length on every retry gcsfs made.
+                raise IntegrityError(
+                    f"{url}: bytes {start}-{start + length - 1} arrived short on every "
+                    f"attempt ({exc})", url=url, expected=length, found="a short body"
+                ) from exc
+            except (FileNotFoundError, FileExistsError) as exc:
+                # 404 for a generation that is gone, 412 (gcsfs: FileExistsError) for a
+                # live object that is another generation now.
+                raise IntegrityError(
+                    f"{url}: replaced or deleted since it was opened (generation "
+                    f"{info.version} is no longer there)", url=url, expected=info.version,
+                    found="another generation or none") from exc
+            served = reply.get("x-goog-generation")
+            if info.version is not None and served is not None and served != info.version:
+                raise IntegrityError(f"{url}: asked for generation {info.version}, served "
+                                     f"{served}", url=url, expected=info.version,
+                                     found=served)
+            data: bytes = body
+            return data
+
+        return open_pinned(url, info.size, fetch)
+
+    # removing -------------------------------------------------------------------------------
+    def delete(self, paths: Iterable[str]) -> None:
+        keys = [self._split(p) for p in paths]
+        keys = [(b, k) for b, k in keys if k]  # a bare bucket is never deleted here
+        if keys:
+            sync(self.fs.loop, self._delete_all, keys)
+            for bucket, key in keys:
+                self.fs.invalidate_cache(f"{bucket}/{key}")
+
+    async def _delete_all(self, keys: Sequence[tuple[str, str]]) -> None:
+        limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
+
+        async def one(bucket: str, key: str) -> None:
+            async with limit:
+                with contextlib.suppress(FileNotFoundError):
+                    await self.fs._call("DELETE", "b/{}/o/{}", bucket, key)
+
+        await asyncio.gather(*(one(b, k) for b, k in keys))
+
+    def delete_prefix(self, prefix: str) -> None:
+        paths = [info.path for info in self._listing(prefix).values()]
+        self.delete([prefix.rstrip("/"), *paths])

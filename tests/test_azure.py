@@ -1,0 +1,316 @@
+"""The Azure adapter against azurite: whole blobs or nothing, Content-MD5 the store checks,
+create-only, reads pinned to an ETag.
+
+The store is read and written *around* durable with the synchronous azure-storage-blob
+client (not adlfs, not durable). Requests are corrupted or recorded by a fault proxy between
+the adapter and azurite.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.blob import ContainerClient
+
+import durable
+from durable import Entry, IntegrityError, atomic_write, read_verified
+from durable.adapters import adapter_for_fs
+from durable.adapters.azure import BLOCK, SINGLE_PUT, AzureAdapter
+from durable.adapters.base import Adapter
+from durable.testing.conformance import AdapterTests
+from durable.testing.faults import FaultProxy, Match, corrupt_part_bytes, truncate_body
+from durable.testing.faults import short_object as short_object_fault
+from durable.testing.pytest_plugin import Bucket
+from durable.testing.servers import AzuriteServer
+
+pytestmark = pytest.mark.azure
+
+SMALL = os.urandom(100_000)
+MEDIUM = os.urandom(SINGLE_PUT + 1)  # one block and a block list
+LARGE = os.urandom(2 * BLOCK + 12_345)  # two blocks staged while writing, one at commit
+
+
+# --------------------------------------------------------------------------- around durable
+class Raw:
+    """The container as another tool sees it: the plain synchronous SDK."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        server = bucket.server
+        assert isinstance(server, AzuriteServer)
+        self.client = ContainerClient.from_connection_string(server.connection_string,
+                                                             bucket.name)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            data: bytes = self.client.download_blob(key).readall()
+        except ResourceNotFoundError:
+            return None
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.upload_blob(key, data, overwrite=True)
+
+    def keys(self, prefix: str | None = None) -> list[str]:
+        return sorted(b.name for b in self.client.list_blobs(name_starts_with=prefix))
+
+    def blocks(self, key: str) -> tuple[int, int]:
+        """(committed, uncommitted) block counts of ``key``."""
+        committed, uncommitted = self.client.get_blob_client(key).get_block_list("all")
+        return len(committed), len(uncommitted)
+
+
+@pytest.fixture
+def raw(azure_container: Bucket) -> Iterator[Raw]:
+    r = Raw(azure_container)
+    with r.client:
+        yield r
+
+
+@pytest.fixture
+def proxied(azure_container: Bucket) -> Iterator[tuple[Bucket, FaultProxy]]:
+    """azurite behind a fault proxy (the SharedKey signature does not cover the host)."""
+    server = azure_container.server
+    assert isinstance(server, AzuriteServer)
+    with FaultProxy(server.url) as proxy:
+        conn = server.connection_string.replace(server.url, proxy.url)
+        yield Bucket(azure_container.name, "az", {"connection_string": conn}, server), proxy
+
+
+def adapter(bucket: Bucket) -> AzureAdapter:
+    a = adapter_for_fs(bucket.filesystem())
+    assert isinstance(a, AzureAdapter)
+    return a
+
+
+def race(write: Callable[[int], object], threads: int = 8) -> list[str]:
+    """Run ``write(i)`` in ``threads`` threads released at once: "won" or "refused" each."""
+    barrier = threading.Barrier(threads)
+    results = [""] * threads
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            write(i)
+            results[i] = "won"
+        except FileExistsError:
+            results[i] = "refused"
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return results
+
+
+# ------------------------------------------------------------------------------ round trip
+@pytest.mark.parametrize("data", [b"", SMALL, MEDIUM, LARGE],
+                         ids=["empty", "small", "medium", "large"])
+def test_atomic_write_round_trip(azure_container: Bucket, raw: Raw, data: bytes) -> None:
+    url = azure_container.path("d", "a.bin")
+    options = azure_container.storage_options
+    with atomic_write(url, storage_options=options) as f:
+        f.write(data)
+
+    assert raw.get("d/a.bin") == data
+    assert read_verified(url, storage_options=options) == data
+    assert Entry(url, storage_options=options).state() is durable.State.COMPLETE
+    # One Put Blob, or blocks staged as written and one block list committed.
+    blocks = {SMALL: (0, 0), MEDIUM: (1, 0), LARGE: (3, 0)}.get(data, (0, 0))
+    assert raw.blocks("d/a.bin") == blocks
+
+
+# ----------------------------------------------------------------- whole object or nothing
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt()])
+def test_exception_mid_upload_leaves_no_blob(azure_container: Bucket, raw: Raw,
+                                             exc: BaseException) -> None:
+    with pytest.raises(type(exc)), atomic_write(
+            azure_container.path("a.bin"),
+            storage_options=azure_container.storage_options) as f:
+        f.write(LARGE)
+        f.flush()
+        # Two blocks really are staged on the store, under the blob's name.
+        assert raw.blocks("a.bin") == (0, 2)
+        raise exc
+
+    assert raw.keys() == []
+    assert raw.get("a.bin") is None
+
+
+def test_file_dropped_without_close_publishes_nothing(azure_container: Bucket,
+                                                      raw: Raw) -> None:
+    f = adapter(azure_container).open_atomic(f"{azure_container.name}/a.bin")
+    f.write(LARGE)
+    del f
+    gc.collect()
+    assert raw.keys() == []
+
+
+def test_exception_keeps_previous_blob(azure_container: Bucket, raw: Raw) -> None:
+    raw.put("a.bin", SMALL)
+    with pytest.raises(ValueError), adapter(azure_container).open_atomic(
+            f"{azure_container.name}/a.bin") as f:
+        f.write(LARGE)
+        raise ValueError("boom")
+    assert raw.get("a.bin") == SMALL
+
+
+# ------------------------------------------------------------------------------ checksums
+@pytest.mark.parametrize(("data", "request_kind"), [
+    (SMALL, "!comp"),  # Put Blob
+    (LARGE, "comp"),   # Put Block (the first staged block)
+], ids=["put-blob", "put-block"])
+def test_store_refuses_bytes_that_do_not_match_content_md5(
+        proxied: tuple[Bucket, FaultProxy], raw: Raw, data: bytes, request_kind: str) -> None:
+    bucket, proxy = proxied
+    proxy.add(corrupt_part_bytes(offset=7, match=Match(methods="PUT", query=request_kind),
+                                 times=1))
+    with pytest.raises(IntegrityError, match="Content-MD5"):
+        adapter(bucket).put(f"{bucket.name}/a.bin", data)
+    assert raw.keys() == []
+    assert all("content-md5" in r.headers for r in proxy.requests if r.method == "PUT"
+               and "blocklist" not in r.query.get("comp", []))
+
+
+# ---------------------------------------------------------------------------- create-only
+def test_create_only_race_has_exactly_one_winner(azure_container: Bucket, raw: Raw) -> None:
+    a = adapter(azure_container)
+    for round_ in range(20):
+        key = f"race/{round_}"
+        results = race(lambda i, key=key: a.put(f"{azure_container.name}/{key}",
+                                                 f"writer {i}".encode(), create_only=True))
+        assert sorted(results) == ["refused"] * 7 + ["won"], round_
+        assert raw.get(key) == f"writer {results.index('won')}".encode()
+
+
+def test_create_only_race_of_block_lists_has_exactly_one_winner(azure_container: Bucket,
+                                                                 raw: Raw) -> None:
+    """Each writer stages a block under the same name, then commits its block list with
+    If-None-Match: *: exactly one list is committed, and it is one writer's whole blob."""
+    a = adapter(azure_container)
+    payloads = [bytes([i]) * len(MEDIUM) for i in range(8)]
+    for round_ in range(5):
+        key = f"race/{round_}"
+        results = race(lambda i, key=key: a.put(f"{azure_container.name}/{key}", payloads[i],
+                                                 create_only=True))
+        assert sorted(results) == ["refused"] * 7 + ["won"], round_
+        assert raw.get(key) == payloads[results.index("won")]
+
+
+@pytest.mark.parametrize("data", [SMALL, LARGE], ids=["put-blob", "block-list"])
+def test_create_only_refused_on_existing_blob(azure_container: Bucket, raw: Raw,
+                                              data: bytes) -> None:
+    raw.put("a.bin", b"first")
+    with pytest.raises(FileExistsError, match="create-only"):
+        adapter(azure_container).put(f"{azure_container.name}/a.bin", data, create_only=True)
+    assert raw.get("a.bin") == b"first"
+
+
+# ------------------------------------------------------------------------- entries, verify
+def test_entry_writing_is_complete_and_verifies(azure_container: Bucket, raw: Raw) -> None:
+    entry = Entry(azure_container.path("runs", "e1"),
+                  storage_options=azure_container.storage_options)
+    with entry.writing() as w:
+        with w.fs.open(f"{w.path}/big.bin", "wb") as f:
+            f.write(LARGE)
+        w.fs.pipe_file(f"{w.path}/sub/small.bin", SMALL)
+
+    assert entry.state() is durable.State.COMPLETE
+    report = entry.verify(deep=True)
+    assert report.ok and report.objects == 2
+    assert report.bytes_checked == len(LARGE) + len(SMALL)
+    assert raw.get("runs/e1/big.bin") == LARGE
+
+
+def test_corruption_behind_durables_back_is_caught(azure_container: Bucket,
+                                                   raw: Raw) -> None:
+    url = azure_container.path("a.bin")
+    options = azure_container.storage_options
+    with atomic_write(url, storage_options=options) as f:
+        f.write(SMALL)
+    raw.put("a.bin", bytes([SMALL[0] ^ 1]) + SMALL[1:])  # same size: only CRC32C tells
+
+    with pytest.raises(IntegrityError, match="crc32c"):
+        Entry(url, storage_options=options).verify(deep=True)
+    with pytest.raises(IntegrityError, match="CRC32C"):
+        read_verified(url, storage_options=options)
+
+
+# -------------------------------------------------------------------------- pinned reads
+@pytest.mark.parametrize("source", ["stat", "listing"])
+def test_blob_replaced_mid_read_is_an_error(azure_container: Bucket, raw: Raw,
+                                            source: str) -> None:
+    a = adapter(azure_container)
+    path = f"{azure_container.name}/d/a.bin"
+    a.put(path, LARGE)
+    stat, listed = a.info(path), a.list(f"{azure_container.name}/d")["a.bin"]
+    assert stat == listed  # one version string for one blob, whichever way it was found
+    info = stat if source == "stat" else listed
+    assert info is not None
+    with a.open_read(path, info) as f:
+        assert f.read(1000) == LARGE[:1000]
+        raw.put("d/a.bin", os.urandom(len(LARGE)))
+        f.seek(BLOCK + 10)  # past what the first GET fetched: the next GET sees the swap
+        with pytest.raises(IntegrityError, match="replaced"):
+            f.read(1000)
+
+
+def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A store serving fewer bytes with consistent framing (incident 002/003)."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    info = a.put(f"{bucket.name}/a.bin", SMALL)
+    proxy.add(short_object_fault(missing_bytes=1000, mode="consistent",
+                                 match=Match(methods="GET")))
+    with a.open_read(f"{bucket.name}/a.bin", info) as f, pytest.raises(
+            IntegrityError, match=f"the body had {len(SMALL) - 1000} bytes"):
+        f.read(1000)  # bytes the short body does hold: still refused, the body is not whole
+
+
+@pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
+def test_body_cut_mid_way_is_never_returned_short(proxied: tuple[Bucket, FaultProxy],
+                                                  times: int | None) -> None:
+    """A connection dropped mid-body (full Content-Length, 1000 bytes): the SDK retries
+    the same pinned range; cut every time, it is an IntegrityError naming the blob."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    a.put(f"{bucket.name}/a.bin", SMALL)
+    proxy.add(truncate_body(keep=1000, match=Match(methods="GET"), times=times))
+    if times is None:
+        with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin.*arrived short"):
+            a.read(f"{bucket.name}/a.bin")
+    else:
+        assert a.read(f"{bucket.name}/a.bin") == SMALL
+
+
+# --------------------------------------------------------------------- conformance suite
+class TestAzureConformance(AdapterTests):
+    """The shared adapter contract on azurite."""
+
+    raw: Raw
+
+    @pytest.fixture
+    def place(self, azure_container: Bucket) -> Iterator[tuple[Adapter, str]]:
+        self.raw = Raw(azure_container)
+        with self.raw.client:
+            yield adapter(azure_container), f"{azure_container.name}/base"
+
+    def _key(self, path: str) -> str:
+        container, _, key = path.partition("/")
+        assert container == self.raw.client.container_name
+        return key
+
+    def raw_put(self, path: str, data: bytes) -> None:
+        self.raw.put(self._key(path), data)
+
+    def raw_get(self, path: str) -> bytes | None:
+        return self.raw.get(self._key(path))
+
+    def raw_list(self, prefix: str) -> list[str]:
+        below = self._key(prefix).rstrip("/") + "/"
+        return [f"{self.raw.client.container_name}/{k}" for k in self.raw.keys(below)]

@@ -1,0 +1,388 @@
+"""The GCS adapter against real emulators: whole objects or nothing, CRC32C the store checks,
+create-only, reads pinned to a generation.
+
+Two emulators, because each enforces a different part (docs: GCSAdapter.capabilities):
+gcp-storage-emulator checks the crc32c of an upload, fake-gcs-server enforces
+ifGenerationMatch=0 on single-request uploads and generation= on reads. Where neither
+enforces a precondition, the requests are recorded through a proxy instead. The store is
+read and written *around* durable, with plain HTTP against the emulator's JSON API.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote
+
+import crc32c
+import pytest
+
+import durable
+from durable import Entry, IntegrityError, atomic_write, read_verified
+from durable._checksum import crc_to_b64
+from durable.adapters import adapter_for_fs
+from durable.adapters.base import Adapter
+from durable.adapters.gcs import CHUNK, GCSAdapter
+from durable.testing.conformance import AdapterTests
+from durable.testing.faults import (
+    FaultProxy,
+    Match,
+    RequestInfo,
+    corrupt_part_bytes,
+    delay,
+    truncate_body,
+)
+from durable.testing.faults import short_object as short_object_fault
+from durable.testing.pytest_plugin import Bucket
+
+pytestmark = pytest.mark.gcs
+
+SMALL = os.urandom(100_000)
+LARGE = os.urandom(2 * CHUNK + 12_345)  # two pieces, then the finalizing request
+
+
+# --------------------------------------------------------------------------- around durable
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _http(url: str, method: str = "GET", body: bytes | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with _opener.open(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, err.read()
+
+
+class Raw:
+    """The bucket as another tool sees it: plain JSON API requests, no gcsfs, no durable."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.base = bucket.server.url
+        self.bucket = bucket.name
+
+    def get(self, key: str) -> bytes | None:
+        status, body = _http(f"{self.base}/download/storage/v1/b/{self.bucket}/o/"
+                             f"{quote(key, safe='')}?alt=media")
+        return body if status == 200 else None
+
+    def put(self, key: str, data: bytes) -> None:
+        status, body = _http(f"{self.base}/upload/storage/v1/b/{self.bucket}/o?uploadType=media"
+                             f"&name={quote(key, safe='')}", "POST", data,
+                             {"Content-Type": "application/octet-stream"})
+        assert status == 200, body
+
+    def keys(self, prefix: str = "") -> list[str]:
+        status, body = _http(f"{self.base}/storage/v1/b/{self.bucket}/o"
+                             f"?prefix={quote(prefix, safe='')}")
+        assert status == 200, body
+        return sorted(item["name"] for item in json.loads(body).get("items", []))
+
+
+class Recorder:
+    """Every request that passes the proxy: method, path, query and all headers."""
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.seen: list[RequestInfo] = []
+        self._lock = threading.Lock()
+        # A fault that never applies: its matcher only takes notes.
+        proxy.add(delay(0, match=Match(where=self._note)))
+
+    def _note(self, info: RequestInfo) -> bool:
+        with self._lock:
+            self.seen.append(info)
+        return False
+
+    def requests(self, method: str, **query: str) -> list[RequestInfo]:
+        with self._lock:
+            return [r for r in self.seen if r.method == method
+                    and all(r.query.get(k, [None])[0] == v for k, v in query.items())]
+
+
+@pytest.fixture(params=["gcs_bucket", "fake_gcs_bucket"])
+def gcs(request: pytest.FixtureRequest) -> Bucket:
+    """A fresh bucket on each emulator: every guarantee both enforce runs on both."""
+    bucket: Bucket = request.getfixturevalue(request.param)
+    return bucket
+
+
+@pytest.fixture
+def proxied(gcs_bucket: Bucket) -> Iterator[tuple[Bucket, FaultProxy]]:
+    """gcp-storage-emulator behind a fault proxy. It builds session URIs from the Host the
+    request named, so the pieces of a resumable upload pass the proxy too."""
+    with FaultProxy(gcs_bucket.server.url) as proxy:
+        options = {**gcs_bucket.storage_options, "endpoint_url": proxy.url}
+        yield Bucket(gcs_bucket.name, "gs", options, gcs_bucket.server), proxy
+
+
+def adapter(bucket: Bucket) -> GCSAdapter:
+    a = adapter_for_fs(bucket.filesystem())
+    assert isinstance(a, GCSAdapter)
+    return a
+
+
+def race(write: Callable[[int], object], threads: int = 8) -> list[str]:
+    """Run ``write(i)`` in ``threads`` threads released at once: "won" or "refused" each."""
+    barrier = threading.Barrier(threads)
+    results = [""] * threads
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            write(i)
+            results[i] = "won"
+        except FileExistsError:
+            results[i] = "refused"
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return results
+
+
+# ------------------------------------------------------------------------------ round trip
+@pytest.mark.parametrize("data", [b"", SMALL, LARGE], ids=["empty", "small", "large"])
+def test_atomic_write_round_trip(gcs: Bucket, data: bytes) -> None:
+    with atomic_write(gcs.path("d", "a.bin"), storage_options=gcs.storage_options) as f:
+        f.write(data)
+
+    assert Raw(gcs).get("d/a.bin") == data
+    assert read_verified(gcs.path("d", "a.bin"), storage_options=gcs.storage_options) == data
+    assert Entry(gcs.path("d", "a.bin"),
+                 storage_options=gcs.storage_options).state() is durable.State.COMPLETE
+
+
+def test_large_object_is_one_session_finalized_once(proxied: tuple[Bucket, FaultProxy]) -> None:
+    bucket, proxy = proxied
+    rec = Recorder(proxy)
+    adapter(bucket).put(f"{bucket.name}/big", LARGE)
+
+    assert len(rec.requests("POST", uploadType="resumable")) == 1
+    pieces = rec.requests("PUT")
+    ranges = [p.headers.get("Content-Range") for p in pieces]
+    n = len(LARGE)
+    assert ranges == [f"bytes 0-{CHUNK - 1}/*", f"bytes {CHUNK}-{2 * CHUNK - 1}/*",
+                      f"bytes {2 * CHUNK}-{n - 1}/{n}"]
+    # Only the finalizing request carries the CRC32C, and it is the whole object's.
+    assert [p.headers.get("X-Goog-Hash") for p in pieces] == [
+        None, None, f"crc32c={crc_to_b64(crc32c.crc32c(LARGE))}"]
+    assert Raw(bucket).get("big") == LARGE
+
+
+# ----------------------------------------------------------------- whole object or nothing
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt()])
+def test_exception_mid_upload_leaves_no_object(proxied: tuple[Bucket, FaultProxy],
+                                               exc: BaseException) -> None:
+    bucket, proxy = proxied
+    rec = Recorder(proxy)
+    with pytest.raises(type(exc)), atomic_write(bucket.path("a.bin"),
+                                                storage_options=bucket.storage_options) as f:
+        f.write(LARGE)
+        f.flush()
+        # Two pieces really went out: the session exists and holds data.
+        assert len(rec.requests("PUT")) == 2
+        raise exc
+
+    assert Raw(bucket).keys() == []
+    # Nothing finalized the session (every piece left the total open), and abort cancelled it.
+    assert all(p.headers.get("Content-Range", "").endswith("/*") for p in rec.requests("PUT"))
+    assert len(rec.requests("DELETE", uploadType="resumable")) == 1
+
+
+def test_file_dropped_without_close_publishes_nothing(gcs: Bucket) -> None:
+    f = adapter(gcs).open_atomic(f"{gcs.name}/a.bin")
+    f.write(LARGE)
+    del f
+    gc.collect()
+    assert Raw(gcs).keys() == []
+
+
+def test_exception_keeps_previous_object(gcs: Bucket) -> None:
+    Raw(gcs).put("a.bin", SMALL)
+    with pytest.raises(ValueError), adapter(gcs).open_atomic(f"{gcs.name}/a.bin") as f:
+        f.write(LARGE)
+        raise ValueError("boom")
+    assert Raw(gcs).get("a.bin") == SMALL
+
+
+# ------------------------------------------------------------------------------ checksums
+def test_store_refuses_a_single_upload_corrupted_in_transit(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    bucket, proxy = proxied
+    rec = Recorder(proxy)
+    # One byte of the data part flipped (the body ends with the closing boundary).
+    proxy.add(corrupt_part_bytes(offset=-100, match=Match(methods="POST",
+                                                          query="uploadType")))
+    with pytest.raises(IntegrityError, match="refused the upload"):
+        adapter(bucket).put(f"{bucket.name}/a.bin", SMALL)
+    assert Raw(bucket).keys() == []
+    assert rec.requests("DELETE") == []  # refused by the store: nothing had to be removed
+
+
+def test_object_stored_corrupt_is_removed(proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A resumable upload whose piece was corrupted on the way: the emulator does not check
+    X-Goog-Hash (GCS does), so the CRC32C in its reply is what catches it."""
+    bucket, proxy = proxied
+    proxy.add(corrupt_part_bytes(offset=5, match=Match(methods="PUT"), times=1))
+    with pytest.raises(IntegrityError, match="the store kept"):
+        adapter(bucket).put(f"{bucket.name}/a.bin", LARGE)
+    assert Raw(bucket).keys() == []
+
+
+# ---------------------------------------------------------------------------- create-only
+def test_create_only_race_has_exactly_one_winner(fake_gcs_bucket: Bucket) -> None:
+    a = adapter(fake_gcs_bucket)
+    for round_ in range(20):
+        key = f"race/{round_}"
+        results = race(lambda i, key=key: a.put(f"{fake_gcs_bucket.name}/{key}",
+                                                 f"writer {i}".encode(), create_only=True))
+        assert sorted(results) == ["refused"] * 7 + ["won"], round_
+        assert Raw(fake_gcs_bucket).get(key) == f"writer {results.index('won')}".encode()
+
+
+def test_create_only_refused_on_existing_object(fake_gcs_bucket: Bucket) -> None:
+    Raw(fake_gcs_bucket).put("a.bin", SMALL)
+    with pytest.raises(FileExistsError, match="create-only"):
+        adapter(fake_gcs_bucket).put(f"{fake_gcs_bucket.name}/a.bin", b"x", create_only=True)
+    assert Raw(fake_gcs_bucket).get("a.bin") == SMALL
+
+
+@pytest.mark.parametrize("data", [SMALL, LARGE], ids=["single-request", "resumable"])
+def test_create_only_sends_if_generation_match_0(proxied: tuple[Bucket, FaultProxy],
+                                                 data: bytes) -> None:
+    """The client side, where no emulator enforces it (resumable uploads): GCS does."""
+    bucket, proxy = proxied
+    rec = Recorder(proxy)
+    adapter(bucket).put(f"{bucket.name}/a.bin", data, create_only=True)
+    kind = "multipart" if data is SMALL else "resumable"
+    assert len(rec.requests("POST", uploadType=kind, ifGenerationMatch="0")) == 1
+
+
+# ------------------------------------------------------------------------- entries, verify
+def test_entry_writing_is_complete_and_verifies(gcs: Bucket) -> None:
+    entry = Entry(gcs.path("runs", "e1"), storage_options=gcs.storage_options)
+    with entry.writing() as w:
+        with w.fs.open(f"{w.path}/big.bin", "wb") as f:
+            f.write(LARGE)
+        w.fs.pipe_file(f"{w.path}/sub/small.bin", SMALL)
+
+    assert entry.state() is durable.State.COMPLETE
+    report = entry.verify(deep=True)
+    assert report.ok and report.objects == 2
+    assert report.bytes_checked == len(LARGE) + len(SMALL)
+    assert Raw(gcs).get("runs/e1/big.bin") == LARGE
+
+
+def test_corruption_behind_durables_back_is_caught(gcs: Bucket) -> None:
+    url = gcs.path("a.bin")
+    with atomic_write(url, storage_options=gcs.storage_options) as f:
+        f.write(SMALL)
+    flipped = bytes([SMALL[0] ^ 1]) + SMALL[1:]  # same size: only the CRC32C can tell
+    Raw(gcs).put("a.bin", flipped)
+
+    with pytest.raises(IntegrityError, match="crc32c"):
+        Entry(url, storage_options=gcs.storage_options).verify(deep=True)
+    with pytest.raises(IntegrityError, match="CRC32C"):
+        read_verified(url, storage_options=gcs.storage_options)
+
+
+def test_listing_follows_every_page(fake_gcs_bucket: Bucket) -> None:
+    """fake-gcs-server pages listings by 1000, as GCS does: an entry's verify must see all."""
+    raw = Raw(fake_gcs_bucket)
+    keys = [f"many/{i:04d}" for i in range(1003)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: raw.put(k, k.encode()), keys))
+    listed = adapter(fake_gcs_bucket).list(f"{fake_gcs_bucket.name}/many")
+    assert sorted(listed) == [k.removeprefix("many/") for k in keys]
+    assert {info.size for info in listed.values()} == {9}
+
+
+# -------------------------------------------------------------------------- pinned reads
+def test_object_replaced_mid_read_is_an_error(fake_gcs_bucket: Bucket) -> None:
+    a = adapter(fake_gcs_bucket)
+    path = f"{fake_gcs_bucket.name}/a.bin"
+    a.put(path, LARGE)
+    info = a.info(path)
+    assert info is not None
+    other = os.urandom(len(LARGE))
+    with a.open_read(path, info) as f:
+        assert f.read(1000) == LARGE[:1000]
+        Raw(fake_gcs_bucket).put("a.bin", other)
+        f.seek(CHUNK + 10)  # past what the first GET fetched: the next GET sees the swap
+        with pytest.raises(IntegrityError, match="replaced"):
+            f.read(1000)
+
+
+def test_every_read_names_the_generation(proxied: tuple[Bucket, FaultProxy]) -> None:
+    """The client side on gcp-storage-emulator, which ignores both parameters."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    info = a.put(f"{bucket.name}/a.bin", LARGE)
+    rec = Recorder(proxy)
+    assert a.read(f"{bucket.name}/a.bin") == LARGE
+    gets = rec.requests("GET", alt="media")
+    assert gets and gets == rec.requests("GET", alt="media", generation=str(info.version),
+                                         ifGenerationMatch=str(info.version))
+
+
+def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A store serving fewer bytes with consistent framing (incident 002/003)."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    info = a.put(f"{bucket.name}/a.bin", SMALL)
+    proxy.add(short_object_fault(missing_bytes=1000, mode="consistent",
+                                 match=Match(methods="GET", query="alt")))
+    with a.open_read(f"{bucket.name}/a.bin", info) as f, pytest.raises(
+            IntegrityError, match=f"the body had {len(SMALL) - 1000} bytes"):
+        f.read(1000)  # bytes the short body does hold: still refused, the body is not whole
+
+
+def test_body_cut_mid_way_is_fetched_again_never_returned_short(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A connection dropped mid-body (full Content-Length, 1000 bytes): gcsfs retries the
+    same pinned range. (Cut on every attempt, it is an IntegrityError after gcsfs's six
+    tries, about 30 s of backoff: too slow to run here.)"""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    a.put(f"{bucket.name}/a.bin", SMALL)
+    proxy.add(truncate_body(keep=1000, match=Match(methods="GET", query="alt"), times=1))
+    assert a.read(f"{bucket.name}/a.bin") == SMALL
+    assert proxy.count(method="GET", query="alt") == 2
+
+
+# --------------------------------------------------------------------- conformance suite
+class TestGCSConformance(AdapterTests):
+    """The shared adapter contract, on fake-gcs-server: the emulator that enforces
+    create-only (single-request uploads) and generation pins, as GCSAdapter declares."""
+
+    raw: Raw
+
+    @pytest.fixture
+    def place(self, fake_gcs_bucket: Bucket) -> Iterator[tuple[Adapter, str]]:
+        self.raw = Raw(fake_gcs_bucket)
+        yield adapter(fake_gcs_bucket), f"{fake_gcs_bucket.name}/base"
+
+    def _key(self, path: str) -> str:
+        bucket, _, key = path.partition("/")
+        assert bucket == self.raw.bucket
+        return key
+
+    def raw_put(self, path: str, data: bytes) -> None:
+        self.raw.put(self._key(path), data)
+
+    def raw_get(self, path: str) -> bytes | None:
+        return self.raw.get(self._key(path))
+
+    def raw_list(self, prefix: str) -> list[str]:
+        below = self._key(prefix).rstrip("/") + "/"
+        return [f"{self.raw.bucket}/{k}" for k in self.raw.keys(below)]
