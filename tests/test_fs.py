@@ -5,6 +5,12 @@ filesystem directly (around durable). To add a backend (S3: moto), append its na
 PLACES and add a ``<name>_place`` fixture returning a `Place` (for S3: the bucket's
 s3fs options as ``inner_options``, ``{"s3": options}`` as ``storage_options``, and a
 ``truncate`` that puts a shorter object with boto3).
+
+On S3 (moto) a place also lists the multipart uploads left in its bucket (``uploads``,
+through boto3): a write interrupted there must leave no object *and* no upload. The S3
+place uses parts of 5 MiB (S3's minimum), so the larger writes of these tests really go
+multipart; the tests at the end write through the fault proxy (no faults) to see from its
+request log that parts went out before the failure, and that the upload was aborted.
 """
 
 from __future__ import annotations
@@ -29,10 +35,15 @@ from fsspec.implementations.memory import MemoryFile
 
 import durable
 from durable import IntegrityError, UnsupportedError
+from durable._checksum import crc32c
 from durable._protocol import Layout, Marker
+from durable.adapters import adapter_for_fs
+from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
 from durable.fs import DurableFileSystem
+from durable.testing.faults import FaultProxy
+from durable.testing.pytest_plugin import Bucket
 
-PLACES = ["local", "memory"]
+PLACES = ["local", "memory", "s3"]
 
 
 @dataclass
@@ -44,6 +55,8 @@ class Place:
     inner_options: dict[str, Any]  # storage_options of inner URLs (durable's own API)
     storage_options: dict[str, Any] | None  # what fsspec.open / pandas take for durable::
     truncate: Callable[[str, int], None]  # really shorten an object behind durable's back
+    # multipart uploads in progress (only object stores have any)
+    uploads: Callable[[], list[Any]] = list
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}"
@@ -84,6 +97,44 @@ def memory_place() -> Iterator[Place]:
     yield Place(root, mem, {}, {}, truncate)
     if mem.exists(root):
         mem.rm(root, recursive=True)
+
+
+@pytest.fixture
+def s3_boto(s3_bucket: Bucket) -> Iterator[Any]:
+    """A plain boto3 client on the bucket's moto server: the view from outside durable."""
+    import boto3  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield client
+    client.close()
+
+
+def _s3_place(bucket: Bucket, boto: Any, options: dict[str, Any]) -> Iterator[Place]:
+    inner = fsspec.filesystem("s3", **options)
+    # The adapter durable:: resolves for these options (fsspec caches the filesystem): the
+    # smallest part size S3 allows, so that writes of a few MiB are multipart uploads.
+    adapter = adapter_for_fs(inner)
+    assert isinstance(adapter, S3Adapter)
+    saved, adapter.part_size = adapter.part_size, MIN_PART_SIZE
+
+    def truncate(path: str, size: int) -> None:
+        key = path.split("/", 1)[1]
+        data = boto.get_object(Bucket=bucket.name, Key=key)["Body"].read()
+        boto.put_object(Bucket=bucket.name, Key=key, Body=data[:size])
+
+    def uploads() -> list[Any]:
+        return list(boto.list_multipart_uploads(Bucket=bucket.name).get("Uploads", []))
+
+    try:
+        yield Place(f"{bucket.name}/data", inner, options, {"s3": options}, truncate, uploads)
+    finally:
+        adapter.part_size = saved
+
+
+@pytest.fixture
+def s3_place(s3_bucket: Bucket, s3_boto: Any) -> Iterator[Place]:
+    yield from _s3_place(s3_bucket, s3_boto, s3_bucket.storage_options)
 
 
 @pytest.fixture(params=PLACES)
@@ -260,6 +311,7 @@ def test_exception_inside_with_publishes_nothing(place: Place, writer: str,
                 np.save(f, np.zeros(1_000_000))
                 raise Boom
     assert place.objects() == before
+    assert place.uploads() == []
     if existing:
         assert fs.cat_file(path) == b"previous version"  # still verified against its record
 
@@ -278,6 +330,7 @@ def test_pandas_write_failing_midway_publishes_nothing(place: Place, fmt: str) -
     with pytest.raises((ValueError, OSError)):
         _failing_write(fmt, place.url(f"bad.{fmt}"), place.storage_options)
     assert place.objects() == []
+    assert place.uploads() == []
 
 
 @pytest.mark.parametrize("mode", ["wb", "w"])
@@ -450,3 +503,104 @@ def test_rm_of_an_entry_removes_all_its_records(place: Place) -> None:
     fs.rm(path, recursive=True)
     assert place.objects() == []
     assert entry.state() is durable.State.ABSENT
+
+
+# -- S3: multipart uploads, interrupted and finished ------------------------------------------
+@pytest.fixture
+def s3_proxied_place(s3_bucket: Bucket, s3_boto: Any) -> Iterator[tuple[Place, FaultProxy]]:
+    """The S3 place reached through the fault proxy, with no fault: its log shows every
+    request durable sent (parts, completion, abort)."""
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = dict(s3_bucket.storage_options, endpoint_url=proxy.url)
+        yield from ((p, proxy) for p in _s3_place(s3_bucket, s3_boto, options))
+        assert proxy.errors == []
+
+
+def _multipart_requests(proxy: FaultProxy, key: str) -> dict[str, int]:
+    """How many of each multipart request (and plain PUTs) went out for ``key``."""
+    counts = {"create": 0, "part": 0, "complete": 0, "abort": 0, "put": 0}
+    for r in proxy.requests:
+        if r.key != key:
+            continue
+        if r.method == "POST" and "uploads" in r.query:
+            counts["create"] += 1
+        elif r.method == "PUT" and "partNumber" in r.query:
+            counts["part"] += 1
+        elif r.method == "POST" and "uploadId" in r.query:
+            counts["complete"] += 1
+        elif r.method == "DELETE" and "uploadId" in r.query:
+            counts["abort"] += 1
+        elif r.method == "PUT":
+            counts["put"] += 1
+    return counts
+
+
+BIG = 12 * 1024 * 1024  # two whole 5 MiB parts and a short third
+
+
+@pytest.mark.parametrize("how", ["np.save", "fs.open", "parquet-failing-midway"])
+def test_s3_interrupted_multipart_write_leaves_no_object_and_no_upload(
+        s3_proxied_place: tuple[Place, FaultProxy], how: str) -> None:
+    place, proxy = s3_proxied_place
+    url = place.url("big.bin")
+    with pytest.raises((Boom, ValueError)):
+        if how == "np.save":
+            with fsspec.open(url, "wb", **place.so) as f:
+                np.save(f, np.random.default_rng(2).random(BIG // 8))
+                raise Boom
+        elif how == "fs.open":
+            fs, path = fsspec.url_to_fs(url, **place.so)
+            with fs.open(path, "wb") as f:
+                f.write(os.urandom(BIG))
+                raise Boom
+        else:
+            # About 7 MiB of row groups go out before pyarrow reaches the bad timestamp.
+            _frame_failing_in_parquet(600_000).to_parquet(
+                url, storage_options=place.storage_options, coerce_timestamps="ms",
+                row_group_size=10_000)
+    sent = _multipart_requests(proxy, "data/big.bin")
+    # Parts really went out before the failure; the upload was aborted, never completed.
+    assert sent["create"] == 1 and sent["part"] >= 1, sent
+    assert sent["abort"] == 1 and sent["complete"] == 0 and sent["put"] == 0, sent
+    assert place.objects() == []
+    assert place.uploads() == []
+
+
+@pytest.mark.parametrize("how", ["np.save", "parquet"])
+def test_s3_finished_multipart_write_reads_back_verified(
+        s3_proxied_place: tuple[Place, FaultProxy], s3_bucket: Bucket, s3_boto: Any,
+        how: str) -> None:
+    place, proxy = s3_proxied_place
+    url = place.url("big.bin")
+    rng = np.random.default_rng(3)
+    if how == "np.save":
+        arr = rng.random(BIG // 8)
+        with fsspec.open(url, "wb", **place.so) as f:
+            np.save(f, arr)
+    else:
+        df = pd.DataFrame({"x": rng.random(BIG // 16), "y": rng.random(BIG // 16)})
+        df.to_parquet(url, storage_options=place.storage_options)
+    sent = _multipart_requests(proxy, "data/big.bin")
+    assert sent["create"] == 1 and sent["part"] >= 2, sent
+    assert sent["complete"] == 1 and sent["abort"] == 0 and sent["put"] == 0, sent
+    assert place.uploads() == []
+
+    # Around durable: the stored bytes, and what the store says of them.
+    stored = s3_boto.get_object(Bucket=s3_bucket.name, Key="data/big.bin")["Body"].read()
+    head = s3_boto.head_object(Bucket=s3_bucket.name, Key="data/big.bin",
+                               ChecksumMode="ENABLED")
+    assert head["ETag"].endswith(f'-{sent["part"]}"') and head["ChecksumType"] == "FULL_OBJECT"
+    marker = place.marker("big.bin")
+    assert marker is not None and marker.manifest is not None
+    record = marker.manifest.objects[""]
+    assert (record.size, record.crc32c) == (len(stored), crc32c(stored))
+
+    # Read back through durable::, verified against that record.
+    if how == "np.save":
+        with fsspec.open(url, "rb", **place.so) as f:
+            np.testing.assert_array_equal(np.load(f), arr)
+    else:
+        back = pd.read_parquet(url, storage_options=place.storage_options)
+        pd.testing.assert_frame_equal(back, df)
+    inner_url = place.inner.unstrip_protocol(place.path("big.bin"))
+    assert durable.read_verified(inner_url, storage_options=place.inner_options) == stored
