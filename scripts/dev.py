@@ -49,8 +49,9 @@ def test(args: list[str]) -> int:
     failed |= run(BIN / "ruff", "check", "src", "tests", "examples", "benchmarks",
                   "scripts", check=False)
     failed |= run(BIN / "mypy", check=False)
-    failed |= run(PY, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir",
-                  str(ROOT / ".cache" / "site"), check=False) if (ROOT / "mkdocs.yml").exists() else 0
+    if (ROOT / "mkdocs.yml").exists():
+        failed |= run(PY, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir",
+                      str(ROOT / ".cache" / "site"), check=False)
     rc = run(PY, "-m", "pytest", "-q", *args, check=False, env=env)
     if rc == 5:
         print("pytest collected no tests: that is a failure here", file=sys.stderr)

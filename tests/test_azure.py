@@ -12,6 +12,7 @@ import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
@@ -314,3 +315,42 @@ class TestAzureConformance(AdapterTests):
     def raw_list(self, prefix: str) -> list[str]:
         below = self._key(prefix).rstrip("/") + "/"
         return [f"{self.raw.client.container_name}/{k}" for k in self.raw.keys(below)]
+
+
+# ------------------------------------------------------------------- racing entry commits
+def test_writers_racing_to_commit_one_entry_leave_exactly_one_marker(
+        azure_container: Bucket, raw: Raw) -> None:
+    """Two (then eight) writers finish the same entry at once, over many rounds: one
+    marker, the others AlreadyCompleteError, and the standing entry verifies deep."""
+    for writers, rounds in ((2, 15), (8, 5)):
+        for r in range(rounds):
+            key = f"race/{writers}-{r}/entry"
+            url = azure_container.path(*key.split("/"))
+            opts = azure_container.storage_options
+            ready = threading.Barrier(writers, timeout=60)
+
+            def one(i: int, url: str = url, ready: threading.Barrier = ready,
+                    opts: dict[str, object] = opts) -> str:
+                # Every writer joins the same attempt window, writes identical bytes, and
+                # waits for the others before committing.
+                with Entry(url, storage_options=opts).writing(resume=True) as w:
+                    w.fs.pipe_file(f"{w.path}/a.bin", b"a" * 1000)
+                    w.fs.pipe_file(f"{w.path}/b/c.bin", b"c" * 3000)
+                    ready.wait()
+                return "won"
+
+            def run(i: int) -> str:
+                try:
+                    return one(i)
+                except durable.AlreadyCompleteError:
+                    return "lost"
+
+            with ThreadPoolExecutor(writers) as pool:
+                outcomes = sorted(pool.map(run, range(writers)))
+            assert outcomes == ["lost"] * (writers - 1) + ["won"], (key, outcomes)
+            parent = key.rpartition("/")[0]
+            assert raw.keys(f"{parent}/.durable/entry/") == [
+                f"{parent}/.durable/entry/commit.json"]
+            entry = Entry(url, storage_options=opts)
+            assert entry.state() is durable.State.COMPLETE
+            assert entry.verify(deep=True).ok

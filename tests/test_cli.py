@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 from conftest import Place
 from durable import Entry, MarkerError, State, atomic_write
 from durable._scan import scan
-from durable.cli import ENV_OPTIONS, cli, merge_storage_options
+from durable.cli import ENV_OPTIONS, cli, merge_storage_options, parse_age
 from durable.testing.faults import FaultProxy
 from durable.testing.pytest_plugin import Bucket
 
@@ -371,6 +371,166 @@ def test_verify_without_marker(place: Place, state: str, code: int) -> None:
     assert "nothing to verify" in doc["reason"]
     table = run("verify", place.url("e"))
     assert table.exit_code == code and state in table.stdout
+
+
+# verify ROOT ----------------------------------------------------------------------------
+def test_verify_root_lists_every_mismatch_of_every_entry(place: Place) -> None:
+    make_mixed_root(place)
+    result = run("verify", place.url(), "--deep", "--json")
+    assert result.exit_code == 5
+    doc = as_json(result)
+    assert (doc["root"], doc["ok"], doc["entries"], doc["failed"]) == (
+        place.canonical(), False, 5, 3)
+    failed = {r["url"]: [(p["key"], p["issue"]) for p in r["problems"]]
+              for r in doc["results"] if not r["ok"]}
+    assert failed == {url_of(place, "trunc.zarr"): [("c/0/0", "size")],
+                      url_of(place, "flipped.zarr"): [("c/0/1", "crc32c")],
+                      url_of(place, "bad.zarr"): [("", "unreadable")]}
+    problems = {r["url"]: r["problems"][0] for r in doc["results"] if not r["ok"]}
+    trunc, flipped = problems[url_of(place, "trunc.zarr")], problems[url_of(place, "flipped.zarr")]
+    assert (trunc["expected"], trunc["found"]) == (3000, 100)
+    assert flipped["expected"] != flipped["found"]
+    bad = problems[url_of(place, "bad.zarr")]
+    assert bad["url"].endswith(".durable/bad.zarr/commit.json")
+    assert bad["found"].startswith("MarkerError: ")
+    assert {r["url"] for r in doc["results"] if r["ok"]} == {
+        url_of(place, "good.zarr"), url_of(place, "obj.bin")}
+    assert {n["url"] for n in doc["not_verified"]} == {
+        url_of(place, "plain"), url_of(place, "resumed.zarr")}
+    shallow = as_json(run("verify", place.url(), "--json"))
+    assert {r["url"] for r in shallow["results"] if not r["ok"]} == {
+        url_of(place, "trunc.zarr"), url_of(place, "bad.zarr")}  # a flipped byte needs --deep
+    table = run("verify", place.url(), "--deep")
+    assert table.exit_code == 5
+    lines = table.stdout.splitlines()
+    assert [ln for ln in lines if "trunc.zarr" in ln and "c/0/0" in ln and "3000" in ln]
+    assert "5 entries under" in lines[-1] and "3 with mismatches" in lines[-1]
+
+
+def test_verify_of_an_entry_with_a_marker_is_not_a_root(place: Place) -> None:
+    write_entry(place.url("outer"), GOOD)
+    write_entry(place.url("outer", "inner"), {"x": b"x"})  # records below outer, too
+    doc = as_json(run("verify", place.url("outer"), "--json"))
+    assert doc["url"] == url_of(place, "outer") and "root" not in doc
+    assert [p["issue"] for p in doc["problems"]] == ["unexpected"] * 2  # inner's, in outer
+
+
+# scan: ages and leases ------------------------------------------------------------------
+def test_scan_shows_ages_and_lease_holders(place: Place) -> None:
+    write_entry(place.url("good.zarr"), GOOD)
+    place.write("plain/part-0", b"written without durable")
+    place.write("leased/part-0", b"a writer at work")
+    place.write(".durable/leased/lease.json", json.dumps(
+        {"holder": "h", "host": "box", "pid": 7, "acquired_at": "2026-01-01T00:00:00Z",
+         "heartbeat": 10, "stale_after": 60}).encode())
+    rows = {e["url"]: e for e in as_json(run("scan", place.url(), "--json"))["entries"]}
+    good, plain, leased = (rows[url_of(place, n)] for n in ("good.zarr", "plain", "leased"))
+    assert (good["age_source"], good["age_clock"], good["lease"]) == (
+        "committed_at", "writer", None)
+    assert (plain["age_source"], plain["age_clock"]) == ("object mtime", "store")
+    assert all(0 <= r["age"] < 600 for r in (good, plain, leased))
+    lease = leased["lease"]
+    assert (lease["host"], lease["pid"], lease["stale_after"]) == ("box", 7, 60)
+    assert 0 <= lease["file_age"] < 600
+    table = run("scan", place.url()).stdout.splitlines()
+    assert "age" in table[1] and "lease" in table[1]
+    assert [ln for ln in table if url_of(place, "leased") in ln and "box:7" in ln]
+
+
+# mark-complete --------------------------------------------------------------------------
+def test_mark_complete_dry_run_then_apply_then_nothing(place: Place) -> None:
+    make_mixed_root(place)
+    before = place.files()
+    adoptable = {url_of(place, "plain"), url_of(place, "resumed.zarr")}
+    dry = run("mark-complete", place.url(), "--json")
+    assert dry.exit_code == 0
+    doc = as_json(dry)
+    assert "TRUSTS" in doc["trust"] and not doc["apply"]
+    assert {e["url"]: e["status"] for e in doc["entries"]} == dict.fromkeys(adoptable,
+                                                                            "planned")
+    assert doc["marked"] == 5 and doc["skipped"] == []
+    table = run("mark-complete", place.url()).stdout.splitlines()
+    assert table[0].startswith("mark-complete TRUSTS what it adopts")
+    assert table[-1].startswith("dry run: 2 entries would be marked COMPLETE")
+    assert place.files() == before
+
+    doc = as_json(run("mark-complete", place.url(), "--apply", "--json"))
+    assert {e["url"]: e["status"] for e in doc["entries"]} == dict.fromkeys(adoptable,
+                                                                            "adopted")
+    states = {r.url: r.state for r in scan(place.url())}
+    assert all(states[u] == "COMPLETE" for u in adoptable)
+    assert states[url_of(place, "trunc.zarr")] == "INCOMPLETE"  # a marker: never re-adopted
+    after = place.files()
+    assert {k: after[k] for k in before} == before
+    again = run("mark-complete", place.url(), "--apply", "--json")
+    assert again.exit_code == 0 and as_json(again)["entries"] == []
+    assert place.files() == after
+
+
+def test_mark_complete_lists_what_it_could_not_adopt_and_exits_6(place: Place) -> None:
+    place.write("fine/part-0", b"data")
+    place.write("odd/a\\b", b"a key a manifest cannot hold")
+    result = run("mark-complete", place.url(), "--apply", "--json")
+    assert result.exit_code == 6
+    status = {e["url"]: (e["status"], e["reason"]) for e in as_json(result)["entries"]}
+    assert status[url_of(place, "fine")][0] == "adopted"
+    assert status[url_of(place, "odd")][0] == "failed"
+    assert "is not a relative POSIX key" in status[url_of(place, "odd")][1]
+
+
+# clean ----------------------------------------------------------------------------------
+def test_clean_removes_a_killed_writer_and_nothing_else(tmp_path: os.PathLike[str]) -> None:
+    from _writer_child import Child
+
+    place = Place("file", os.path.realpath(tmp_path))
+    write_entry(place.url("good.zarr"), GOOD)
+    place.write("plain/part-0", b"written without durable")
+    child = Child("entry", place.url("dead.zarr"), "4")
+    child.run_until("partial")  # objects, an attempt record, a half-written temp file
+    child.kill()
+    before = place.files()
+    assert any(".durable-tmp-" in k for k in before if k.startswith("dead.zarr/"))
+
+    young = as_json(run("clean", place.url(), "--older-than", "1h", "--json"))
+    assert young["items"] == []
+    assert [k["url"] for k in young["kept"]] == [url_of(place, "dead.zarr")]
+    dry = as_json(run("clean", place.url(), "--older-than", "0s", "--json"))
+    assert [(i["kind"], i["status"], i["url"]) for i in dry["items"]] == [
+        ("entry", "planned", url_of(place, "dead.zarr"))]
+    assert dry["waited"] == 0 and place.files() == before
+    table = run("clean", place.url(), "--older-than", "0s").stdout.splitlines()
+    assert table[-1].startswith("dry run: 1 would be removed")
+
+    done = run("clean", place.url(), "--older-than", "0s", "--apply", "--json")
+    assert done.exit_code == 0
+    assert [i["status"] for i in as_json(done)["items"]] == ["removed"]
+    assert place.files() == {k: v for k, v in before.items()
+                             if not k.startswith(("dead.zarr/", ".durable/dead.zarr/"))}
+    assert Entry(place.url("dead.zarr")).state() is State.ABSENT
+
+
+@pytest.mark.parametrize("age", ["3", "2x", "-1h", "", "h"])
+def test_clean_needs_an_age_with_a_unit(place: Place, age: str) -> None:
+    result = run("clean", place.url(), "--older-than", age)
+    assert result.exit_code == 2 and "--older-than" in result.stderr
+    assert run("clean", place.url()).exit_code == 2
+
+
+def test_ages() -> None:
+    assert [parse_age(a) for a in ("90s", "30m", "2h", "3d", "1w", "0", "1.5h", " 2 h ")] == [
+        90, 1800, 7200, 259200, 604800, 0, 5400, 7200]
+
+
+def test_help_of_the_operating_commands() -> None:
+    assert "6  mark-complete/clean --apply" in run("--help").stdout
+    mark = " ".join(run("mark-complete", "--help").stdout.split())
+    for words in ("TRUSTS what it adopts", "Run it only while nothing writes", "no --deep",
+                  "Push plan", "--apply"):
+        assert words in mark, words
+    clean = " ".join(run("clean", "--help").stdout.split())
+    for words in ("never touches an entry with a commit marker", "--older-than AGE",
+                  "--lease-wait SECONDS", "--all-uploads", "multipart uploads"):
+        assert words in clean, words
 
 
 # the program itself ---------------------------------------------------------------------

@@ -419,10 +419,10 @@ def test_object_rewritten_behind_the_writer_with_other_bytes_blocks_the_commit(
         place: Place) -> None:
     # Same size, other bytes: a size check alone would commit our CRC over their data.
     e = Entry(place.url("ent"))
-    with pytest.raises(IntegrityError, match=r"c/0/0: replaced after this writer wrote it"):
-        with e.writing() as w:
-            w.write_bytes("c/0/0", b"a" * 64)
-            place.write("ent/c/0/0", b"b" * 64)
+    with pytest.raises(IntegrityError, match=r"c/0/0: replaced after this writer wrote it"), \
+            e.writing() as w:
+        w.write_bytes("c/0/0", b"a" * 64)
+        place.write("ent/c/0/0", b"b" * 64)
     assert e.read_marker() is None
 
 
@@ -438,9 +438,8 @@ def test_overwrite_recovers_an_entry_whose_marker_is_unreadable(place: Place) ->
     write_complete(place, {"a": b"1"})
     place.write(MARKER, b"{not json")
     e = Entry(place.url("ent"))
-    with pytest.raises(ValueError, match="not valid JSON"):
-        with e.writing():
-            pass
+    with pytest.raises(ValueError, match="not valid JSON"), e.writing():
+        pass
     with e.writing(overwrite=True) as w:
         w.write_bytes("b", b"2")
     assert e.state() is State.COMPLETE

@@ -4,8 +4,8 @@ fresh per test, and create-only writes are refused where the server is known to 
 from __future__ import annotations
 
 import os
-import time
 import stat
+import time
 from pathlib import Path
 from typing import Any
 

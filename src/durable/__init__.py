@@ -4,6 +4,7 @@ The public namespace is flat and explicit (``__all__``); everything else is priv
 """
 
 from durable._atomic import atomic_write
+from durable._cached import cached
 from durable._entry import Entry, EntryWriter, Problem, Status, VerifyReport
 from durable._errors import (
     AlreadyCompleteError,
@@ -16,7 +17,9 @@ from durable._errors import (
     MarkerError,
     UnsupportedError,
 )
+from durable._lease import Lease
 from durable._protocol import Manifest, Marker, ObjectRecord, State
+from durable._serializers import register_serializer
 from durable._verified import open_verified, read_verified
 from durable._version import __version__
 
@@ -29,6 +32,7 @@ __all__ = [
     "IncompleteError",
     "IncompleteExistsError",
     "IntegrityError",
+    "Lease",
     "LeaseLostError",
     "Manifest",
     "Marker",
@@ -41,6 +45,8 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "atomic_write",
+    "cached",
     "open_verified",
     "read_verified",
+    "register_serializer",
 ]

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from durable._checksum import Checksum, crc_to_hex
 from durable._errors import (
@@ -23,6 +23,7 @@ from durable._errors import (
     IntegrityError,
     MarkerError,
 )
+from durable._fragments import MAX_FRAGMENT_BYTES, decode_fragment, fragments_dir
 from durable._protocol import (
     MAX_MANIFEST_BYTES,
     MAX_MARKER_BYTES,
@@ -35,9 +36,13 @@ from durable._protocol import (
     check_key,
     new_attempt_id,
 )
-from durable._fragments import MAX_FRAGMENT_BYTES, decode_fragment, fragments_dir
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
 from durable.adapters.local import TMP_MARK
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from durable._lease import Lease
 
 __all__ = ["Entry", "EntryWriter", "Problem", "Status", "VerifyReport"]
 
@@ -172,6 +177,9 @@ class Entry:
         return None
 
     def status(self) -> Status:
+        return self._status()
+
+    def _status(self, leased: bool = False) -> Status:
         marker = self.read_marker()
         if marker is not None:
             missing = self._data_missing(marker)
@@ -181,7 +189,9 @@ class Entry:
             return Status(State.INCOMPLETE, f"marker present but data gone: {missing}", marker)
         if self.adapter.exists(self.path):
             return Status(State.INCOMPLETE, "data present but no commit marker")
-        if self.adapter.exists(self.layout.records):
+        # A writer holding the lease asks with leased=True: its own lease is no leftover.
+        if (self._records_besides_lease() if leased
+                else self.adapter.exists(self.layout.records)):
             return Status(State.INCOMPLETE, "a writer started but has not committed")
         return Status(State.ABSENT, "no marker and no data")
 
@@ -306,7 +316,8 @@ class Entry:
     @contextlib.contextmanager
     def writing(self, *, overwrite: bool = False, resume: bool = False,
                 update: bool = False,
-                unrecorded: Literal["adopt", "error"] = "adopt") -> Iterator[EntryWriter]:
+                unrecorded: Literal["adopt", "error"] = "adopt",
+                lease: Lease | None = None) -> Iterator[EntryWriter]:
         """Write the entry; the marker is committed on clean exit only.
 
         Yields an `EntryWriter` whose ``fs``/``path`` are an fsspec filesystem and the
@@ -327,14 +338,23 @@ class Entry:
 
         On an exception (KeyboardInterrupt included) the marker is not written; a fresh
         entry's objects are removed, a resumed one is left INCOMPLETE.
+
+        ``lease``: a `durable.Lease` held on this entry. It must be held at the start, the
+        marker is written only while it still is (`Lease.fenced`: LeaseLostError
+        otherwise), overwriting keeps it, and a writer that lost it removes nothing.
         """
+        keep_lease = lease is not None
+        if lease is not None:
+            if lease.url != self.adapter.url(self.layout.lease):
+                raise ValueError(f"{lease!r} is not the lease of {self.url}")
+            lease.check()
         try:
-            st = self.status()
+            st = self._status(leased=keep_lease)
         except MarkerError:
             if not overwrite:
                 raise
             # A marker nobody can read describes nothing: overwriting is the way out.
-            self._clear()
+            self._clear(keep_lease)
             st = Status(State.ABSENT, "cleared an unreadable marker")
         fresh = True
         seed: dict[str, ObjectRecord] = {}
@@ -357,10 +377,10 @@ class Entry:
             if not overwrite:
                 raise AlreadyCompleteError(f"{self.url} is already COMPLETE ({st.reason})",
                                            url=self.url)
-            self._clear()
+            self._clear(keep_lease)
         elif st.state is State.INCOMPLETE:
             if overwrite:
-                self._clear()
+                self._clear(keep_lease)
             elif resume or update:
                 fresh = False
             else:
@@ -370,35 +390,62 @@ class Entry:
                     "`durable clean` once nothing writes it, or pass overwrite=True / "
                     "resume=True", url=self.url)
         writer = EntryWriter(self, new_attempt_id())
+        writer._lease = lease
         writer._baseline = {k: (rec, versions[k]) for k, rec in seed.items()}
         self.adapter.put(self.layout.attempt_record(writer.attempt),
                          attempt_record_bytes(writer.attempt), durable=False)
         try:
             yield writer
             writer._closed = True
-            self._commit(writer, unrecorded)
+            self._commit(writer, unrecorded, lease)
         except BaseException:
             writer._closed = True
-            with contextlib.suppress(Exception):
+            # Under the lease only while it is still held: a writer that lost it would
+            # remove the data of the writer that took it over (LeaseLostError, suppressed).
+            guard = lease.fenced() if lease is not None else contextlib.nullcontext()
+            with contextlib.suppress(Exception), guard:
                 # A marker now is another writer's commit (this one lost the race), and
                 # another attempt record is a writer still at work: neither entry is this
                 # writer's to remove.
-                if (fresh and self.adapter.info(self.layout.marker) is None
-                        and set(self.adapter.list(self.layout.attempts))
-                        <= {f"{writer.attempt}.json"}):
+                # Attempts first, marker second: a winner removes its attempt record only
+                # after its marker is written, so this order cannot miss both.
+                if (fresh and set(self.adapter.list(self.layout.attempts))
+                        <= {f"{writer.attempt}.json"}
+                        and self.adapter.info(self.layout.marker) is None):
                     self.adapter.delete_prefix(self.path)
-                    self.adapter.delete_prefix(self.layout.records)
+                    self._clear_records(keep_lease)
                 else:
                     self.adapter.delete([self.layout.attempt_record(writer.attempt)])
             raise
 
-    def _clear(self) -> None:
+    def _clear(self, keep_lease: bool = False) -> None:
         # Marker first: from here on nobody can take this entry for COMPLETE.
         self.adapter.delete([self.layout.marker])
         self.adapter.delete_prefix(self.path)
-        self.adapter.delete_prefix(self.layout.records)
+        self._clear_records(keep_lease)
 
-    def _commit(self, writer: EntryWriter, unrecorded: Literal["adopt", "error"]) -> Marker:
+    def _is_lease_key(self, key: str) -> bool:
+        """The lease, or a temp file of a write of it (keys relative to the records)."""
+        name = self.layout.lease.rpartition("/")[2]
+        return key == name or (key.startswith(f".{name}") and TMP_MARK in key)
+
+    def _records_besides_lease(self) -> bool:
+        return any(not self._is_lease_key(k) for k in self.adapter.list(self.layout.records))
+
+    def _clear_records(self, keep_lease: bool) -> None:
+        if not keep_lease:
+            self.adapter.delete_prefix(self.layout.records)
+            return
+        # The lease stays: removing it would let a third writer in beside its holder.
+        self.adapter.delete([i.path for k, i in self.adapter.list(self.layout.records).items()
+                             if not self._is_lease_key(k)])
+
+    def _commit(self, writer: EntryWriter, unrecorded: Literal["adopt", "error"],
+                lease: Lease | None = None) -> Marker:
+        if lease is not None:
+            # Proven held (a conditional rewrite), not just believed: a lease removed or
+            # taken over during the write stops the commit here, before any of its work.
+            lease.renew()
         if self.adapter.info(self.layout.marker) is not None:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url)
@@ -452,7 +499,8 @@ class Entry:
         records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
         self.adapter.sync([i.path for i in listing.values()],
                           _dirs_of(self, listing) + records_dirs)
-        marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)))
+        marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
+                                    lease.fenced() if lease is not None else None)
         self.adapter.delete([self.layout.attempt_record(writer.attempt)])
         self.adapter.delete_prefix(fragments_dir(self.layout.records, writer.attempt))
         return marker
@@ -467,7 +515,7 @@ class Entry:
         if not unrecorded:
             return {}
         candidates: dict[str, set[ObjectRecord | None]] = {}
-        for name, info in sorted(
+        for _, info in sorted(
                 self.adapter.list(fragments_dir(self.layout.records, attempt)).items()):
             where = self.adapter.url(info.path)
             try:
@@ -487,13 +535,17 @@ class Entry:
                     out[key] = rec
         return out
 
-    def _write_marker(self, marker: Marker) -> Marker:
+    def _write_marker(self, marker: Marker,
+                      fence: AbstractContextManager[object] | None = None) -> Marker:
         data, external = marker.encode()
         if external is not None:
             self.adapter.put(self.layout.external_manifest(external[0]), external[1])
         try:
             # Create-only: of two writers finishing the same entry, exactly one commits.
-            self.adapter.put(self.layout.marker, data, create_only=True)
+            # The fence (a lease) covers this one write: a writer that lost its lease
+            # raises LeaseLostError here, before the marker.
+            with fence or contextlib.nullcontext():
+                self.adapter.put(self.layout.marker, data, create_only=True)
         except FileExistsError:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url
@@ -516,6 +568,7 @@ class EntryWriter:
         self._versions: dict[str, str] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._lease: Lease | None = None
         self.fs = RecordingFileSystem(self)
 
     def key_of(self, path: str) -> str:
@@ -530,6 +583,10 @@ class EntryWriter:
         """An atomic file for ``key`` (relative to the entry), recorded when committed."""
         if self._closed:
             raise ValueError(f"{self.url}: the writing() block has ended")
+        if self._lease is not None:
+            # A writer that lost its lease stops writing: its objects would land in the
+            # entry of the writer that took the lease over.
+            self._lease.check()
         check_key(key, self.url)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)

@@ -11,6 +11,7 @@ only speed: the coordinator reads and checksums any object no record covers.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import threading
 import time
@@ -83,19 +84,16 @@ class FragmentRecorder:
     close = flush
 
     def __del__(self) -> None:
-        try:
+        # At teardown; what is not flushed the coordinator reads and checksums itself.
+        with contextlib.suppress(Exception):
             self.flush()
-        except Exception:  # noqa: S110 - at teardown; the coordinator re-reads what is missing
-            pass
 
 
 @atexit.register
 def _flush_all() -> None:
     for rec in list(_LIVE):
-        try:
+        with contextlib.suppress(Exception):  # as above
             rec.flush()
-        except Exception:  # noqa: S112 - as above
-            continue
 
 
 def decode_fragment(data: bytes, where: str, attempt: str) -> dict[str, ObjectRecord | None]:

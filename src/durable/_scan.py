@@ -1,13 +1,17 @@
-"""Scan a root: every entry under it, with its state, size and object count.
+"""Scan a root: every entry under it, with its state, size, object count, age and lease.
 
 Built for object stores, where a request costs more than the bytes it carries: ONE
-recursive listing of the root, then one marker read per marked entry (in a thread pool).
-Sizes are compared from that listing; no object is stat-ed or read on its own.
+recursive listing of the root, then small reads of records only (in a thread pool): the
+marker of each marked entry, the attempt records of each unmarked entry a durable writer
+started, and each lease file the listing shows. Sizes and ages of objects come from the
+listing; no object is stat-ed or read on its own, so the requests grow with listing pages
+and entries, never with the objects inside the entries.
 
 How entries are found in the listing (keys relative to the root):
 
 - ``D/.durable/NAME/commit.json``        a commit marker: entry ``D/NAME``
 - ``D/.durable/NAME/attempts/<id>.json`` a writer started on ``D/NAME``
+- ``D/.durable/NAME/lease.json``         a writer's lease on ``D/NAME``
 - any other key in ``D/.durable/NAME/``  records of ``D/NAME`` (an external manifest)
 - unmarked data: each child of the root, and of any directory that holds a ``.durable``
   records directory, that has no records, contains no entry and is not inside one. It was
@@ -22,13 +26,30 @@ of EVERY object of a manifest (it has them all from the listing), where `status`
 only the first and last. A marker that cannot be trusted gives a row with state
 "ERROR" and the MarkerError message, and the scan goes on. ABSENT entries have nothing in
 the store, so no row. CRC32Cs are not checked here: `Entry.verify(deep=True)` does that.
+
+Ages, and whose clock each one is read from (clocks of different machines are never
+compared with each other, only each with this machine's "now"):
+
+- a marked entry: since the marker's ``committed_at`` (the committing writer's clock);
+- an unmarked entry a durable writer started: since the newest attempt record's
+  ``started_at`` (that writer's clock);
+- otherwise: since the newest object of its data, or of its records when it has no data
+  (the store's modification times: the server's clock on an object store).
+
+A lease is reported as its file says (holder, host, pid, heartbeat, stale_after) with the
+age of the lease file by the store's clock; whether it is alive takes watching its version
+over a ``stale_after`` window, which `durable clean` does and a scan does not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import datetime as _dt
+import json
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from durable._entry import Entry
@@ -37,11 +58,17 @@ from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters.local import TMP_MARK
 
-__all__ = ["ScanRow", "ScanState", "scan"]
+__all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Survey", "entry_age",
+           "read_records", "scan", "scan_survey", "survey"]
 
 ScanState = Literal["COMPLETE", "INCOMPLETE", "ERROR"]
+AgeClock = Literal["writer", "store"]
 _WORKERS = 16
 _SHOWN = 3
+LEASE_NAME = "lease.json"
+# Attempt records and leases are a few hundred bytes; anything far larger is not one and
+# is not read into memory.
+_MAX_RECORD_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,71 +85,247 @@ class ScanRow:
     attempt: str | None = None
     """The committed attempt, when the entry has a readable marker."""
     committed_at: str | None = None
+    age: float | None = None
+    """Seconds since the entry was committed, started or last written (see age_source)."""
+    age_source: str | None = None
+    """What the age is measured from: "committed_at", "started_at", "object mtime" or
+    "records mtime"."""
+    age_clock: AgeClock | None = None
+    """Whose clock gave that time: the writer's or the store's."""
+    lease: dict[str, Any] | None = None
+    """The lease file's holder/host/pid/acquired_at/heartbeat/stale_after, and its age
+    by the store's clock (``file_age``); None when the entry has no lease file."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 @dataclass
-class _Found:
-    marker: bool = False
-    attempts: int = 0
+class EntryFound:
+    """What the root's listing says of one entry."""
+
+    key: str
+    """Relative to the root; "" for the root itself."""
+    marker: ObjectInfo | None = None
+    attempts: dict[str, ObjectInfo] = field(default_factory=dict)
+    lease: ObjectInfo | None = None
+    records: dict[str, ObjectInfo] = field(default_factory=dict)
+    """Every object of its records directory, keyed relative to it (marker included)."""
     objects: int = 0
     size: int = 0
+    newest: float | None = None
+    """Modification time of its newest data object (the store's clock)."""
+
+    @property
+    def records_newest(self) -> float | None:
+        return _newest(self.records.values())
 
 
-def scan(root: str, storage_options: dict[str, Any] | None = None, *,
-         workers: int = _WORKERS,
-         progress: Callable[[int, int], None] | None = None) -> list[ScanRow]:
-    """Every entry under ``root`` (a path or URL), sorted by URL.
+@dataclass
+class Survey:
+    """One listing of a root, with the entries it shows (no record read yet)."""
 
-    ``progress(done, total)`` is called after each marker read. FileNotFoundError if
-    nothing exists at ``root``.
-    """
-    adapter, path = resolve(root, storage_options)
-    path = path.rstrip("/") or path
-    listing = adapter.list(path)
-    found: dict[str, _Found] = {}
-    root_records = _root_records(adapter, path)
-    if root_records:
-        found[""] = _records_of(root_records)
-        if not listing:
-            # The root is a single-object entry: its one object is the root itself.
-            info = adapter.info(path)
-            listing = {"": info} if info is not None else {}
-    elif not listing and not adapter.exists(path):
-        raise FileNotFoundError(f"{adapter.url(path)}: no such directory or prefix")
+    adapter: Adapter
+    path: str
+    listing: dict[str, ObjectInfo]
+    entries: dict[str, EntryFound]
+    temps: dict[str, ObjectInfo]
+    """Temp files of atomic writes (``.NAME.durable-tmp-*``) anywhere under the root."""
+    _keys: list[str] = field(default_factory=list, repr=False)
 
-    for key in listing:
+    def entry_path(self, key: str) -> str:
+        return _join(self.path, key)
+
+    def url(self, key: str) -> str:
+        return self.adapter.url(self.entry_path(key))
+
+    def layout(self, key: str) -> Layout:
+        return Layout(self.entry_path(key))
+
+    def data(self, key: str) -> dict[str, ObjectInfo]:
+        """The listing's objects of the entry at ``key``, keyed relative to the entry.
+
+        A single-object entry has the one key ""; found by bisection, so slicing every
+        entry of a large root costs a log, not a pass over the listing, per entry.
+        """
+        if key in self.listing:
+            return {"": self.listing[key]}
+        if not key:
+            return dict(self.listing)
+        if not self._keys:
+            self._keys = sorted(self.listing)
+        prefix = key + "/"
+        lo = bisect.bisect_left(self._keys, prefix)
+        hi = bisect.bisect_left(self._keys, prefix + "\U0010ffff")
+        return {k[len(prefix):]: self.listing[k] for k in self._keys[lo:hi]}
+
+    def owners(self, key: str) -> list[str]:
+        """Entries that hold ``key`` as data or as records, outermost first."""
         parts = key.split("/")
+        found = {a for a in _ancestors(key) if a in self.entries}
         if RECORDS_DIR in parts[:-1]:
             i = parts.index(RECORDS_DIR)
             if len(parts) >= i + 3:
-                rec = found.setdefault("/".join([*parts[:i], parts[i + 1]]), _Found())
-                rest = parts[i + 2:]
-                rec.marker |= rest == [MARKER_NAME]
-                rec.attempts += rest[0] == "attempts"
-    _count_data(listing, found)
+                owner = "/".join([*parts[:i], parts[i + 1]])
+                found |= {a for a in _ancestors(owner) if a in self.entries}
+        return sorted(found, key=lambda k: (k.count("/"), k) if k else (-1, k))
 
-    marked = sorted(k for k, f in found.items() if f.marker)
-    markers: dict[str, Marker | str | None] = {}
 
-    def read(key: str) -> Marker | str | None:
-        try:
-            return Entry(_join(path, key), adapter=adapter).read_marker()
-        except (DurableError, OSError) as exc:
-            # One unreadable or corrupt marker must not hide every other entry.
-            return f"{type(exc).__name__}: {exc}"
+@dataclass(frozen=True)
+class LeaseSeen:
+    """A lease file as one listing and one read saw it."""
 
-    if marked:
-        with ThreadPoolExecutor(max(1, min(workers, len(marked)))) as pool:
-            for n, (key, result) in enumerate(zip(marked, pool.map(read, marked),
-                                                  strict=True), 1):
-                markers[key] = result
-                if progress is not None:
-                    progress(n, len(marked))
-    rows = [_row(adapter, path, key, f, markers.get(key), listing)
-            for key, f in found.items()]
+    path: str
+    version: str | None
+    modified: float | None
+    body: dict[str, Any] | None
+    error: str | None = None
+
+    @property
+    def stale_after(self) -> float | None:
+        value = (self.body or {}).get("stale_after")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        return None
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        body = self.body or {}
+        doc = {k: body.get(k) for k in ("holder", "host", "pid", "acquired_at", "heartbeat",
+                                         "stale_after")}
+        doc["file_age"] = None if self.modified is None else now - self.modified
+        if self.error is not None:
+            doc["error"] = self.error
+        return doc
+
+
+@dataclass
+class Records:
+    """What the records of one entry say, once read."""
+
+    marker: Marker | str | None = None
+    """The marker; a str says why it cannot be trusted; None if not read or absent."""
+    started: float | None = None
+    """The newest attempt record's started_at (POSIX seconds, the writer's clock)."""
+    lease: LeaseSeen | None = None
+
+
+def survey(adapter: Adapter, path: str, *,
+           listing: dict[str, ObjectInfo] | None = None) -> Survey:
+    """One listing of the root ``path`` (and of the root's own records): the entries in it.
+
+    ``listing``: ``adapter.list(path)`` if the caller has just made it. FileNotFoundError
+    if nothing exists at ``path``.
+    """
+    path = path.rstrip("/") or path
+    if listing is None:
+        listing = adapter.list(path)
+    entries: dict[str, EntryFound] = {}
+    root_records = _root_records(adapter, path)
+    if root_records:
+        root = entries[""] = EntryFound("")
+        for rest, info in root_records.items():
+            _add_record(root, rest.split("/"), info)
+        if not listing:
+            # The root is a single-object entry: its one object is the root itself.
+            single = adapter.info(path)
+            listing = {"": single} if single is not None else {}
+    elif not listing and not adapter.exists(path):
+        raise FileNotFoundError(f"{adapter.url(path)}: no such directory or prefix")
+
+    temps = {}
+    for key, info in listing.items():
+        parts = key.split("/")
+        if TMP_MARK in parts[-1]:
+            temps[key] = info
+        if RECORDS_DIR in parts[:-1]:
+            i = parts.index(RECORDS_DIR)
+            if len(parts) >= i + 3:
+                found = entries.setdefault(k := "/".join([*parts[:i], parts[i + 1]]),
+                                           EntryFound(k))
+                _add_record(found, parts[i + 2:], info)
+    _count_data(listing, entries)
+    return Survey(adapter, path, listing, entries, temps)
+
+
+def _add_record(found: EntryFound, rest: list[str], info: ObjectInfo) -> None:
+    found.records["/".join(rest)] = info
+    if rest == [MARKER_NAME]:
+        found.marker = info
+    elif rest == [LEASE_NAME]:
+        found.lease = info
+    elif rest[0] == "attempts" and len(rest) == 2 and rest[1].endswith(".json"):
+        found.attempts[rest[1]] = info
+
+
+def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
+                 workers: int = _WORKERS,
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Records]:
+    """Read what the records of the entries ``keys`` say: the marker (if ``markers``), or
+    for an unmarked entry its attempt records, and its lease file. One small GET each."""
+    jobs: list[tuple[str, str, str]] = []  # (entry key, what, path)
+    for key in keys:
+        f = sv.entries[key]
+        layout = sv.layout(key)
+        if f.marker is not None:
+            if markers:
+                jobs.append((key, "marker", layout.marker))
+        else:
+            jobs += [(key, "attempt", layout.attempt_record(n.removesuffix(".json")))
+                     for n in sorted(f.attempts)]
+        if f.lease is not None:
+            jobs.append((key, "lease", layout.lease))
+    out = {key: Records() for key in keys}
+    if not jobs:
+        return out
+
+    def read(job: tuple[str, str, str]) -> Any:
+        key, what, path = job
+        if what == "marker":
+            try:
+                return Entry(sv.entry_path(key), adapter=sv.adapter).read_marker()
+            except (DurableError, OSError) as exc:
+                # One unreadable or corrupt marker must not hide every other entry.
+                return f"{type(exc).__name__}: {exc}"
+        return _read_json(sv.adapter, path)
+
+    with ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
+        for n, (job, result) in enumerate(zip(jobs, pool.map(read, jobs), strict=True), 1):
+            key, what, path = job
+            rec = out[key]
+            if what == "marker":
+                rec.marker = result
+            elif what == "attempt":
+                started = _epoch(result[0].get("started_at")) if result[0] else None
+                if started is not None and (rec.started is None or started > rec.started):
+                    rec.started = started
+            else:
+                info = sv.entries[key].lease
+                assert info is not None
+                rec.lease = LeaseSeen(path, info.version, info.modified, result[0], result[1])
+            if progress is not None:
+                progress(n, len(jobs))
+    return out
+
+
+def scan(root: str, storage_options: dict[str, Any] | None = None, *,
+         workers: int = _WORKERS, progress: Callable[[int, int], None] | None = None,
+         now: float | None = None) -> list[ScanRow]:
+    """Every entry under ``root`` (a path or URL), sorted by URL.
+
+    ``progress(done, total)`` is called after each record read. FileNotFoundError if
+    nothing exists at ``root``.
+    """
+    adapter, path = resolve(root, storage_options)
+    return scan_survey(survey(adapter, path), workers=workers, progress=progress, now=now)
+
+
+def scan_survey(sv: Survey, *, workers: int = _WORKERS,
+                progress: Callable[[int, int], None] | None = None,
+                now: float | None = None) -> list[ScanRow]:
+    """The rows of `scan` for a survey already made."""
+    records = read_records(sv, sorted(sv.entries), workers=workers, progress=progress)
+    at = time.time() if now is None else now
+    rows = [_row(sv, key, f, records[key], at) for key, f in sv.entries.items()]
     return sorted(rows, key=lambda r: r.url)
 
 
@@ -138,12 +341,7 @@ def _root_records(adapter: Adapter, path: str) -> dict[str, ObjectInfo]:
     return adapter.list(layout.records)
 
 
-def _records_of(records: dict[str, ObjectInfo]) -> _Found:
-    return _Found(marker=MARKER_NAME in records,
-                  attempts=sum(k.startswith("attempts/") for k in records))
-
-
-def _count_data(listing: dict[str, ObjectInfo], found: dict[str, _Found]) -> None:
+def _count_data(listing: dict[str, ObjectInfo], found: dict[str, EntryFound]) -> None:
     """Add unmarked children to ``found`` and count every entry's data objects."""
     entries = set(found)
     # Directories whose children are taken for entries: the root, and any directory that
@@ -163,10 +361,13 @@ def _count_data(listing: dict[str, ObjectInfo], found: dict[str, _Found]) -> Non
                 # A temp file of a writer at work is not data; records are not entries.
                 if (name != RECORDS_DIR and TMP_MARK not in name
                         and a not in holds_entry):
-                    f = found[a] = _Found()
+                    f = found[a] = EntryFound(a)
             if f is not None:
                 f.objects += 1
                 f.size += info.size
+                if info.modified is not None and (f.newest is None
+                                                  or info.modified > f.newest):
+                    f.newest = info.modified
 
 
 def _ancestors(key: str) -> list[str]:
@@ -178,45 +379,100 @@ def _ancestors(key: str) -> list[str]:
     return out
 
 
-def _row(adapter: Adapter, path: str, key: str, f: _Found, marker: Marker | str | None,
-         listing: dict[str, ObjectInfo]) -> ScanRow:
-    url = adapter.url(_join(path, key))
+def _newest(infos: Iterable[ObjectInfo]) -> float | None:
+    times = [i.modified for i in infos if i.modified is not None]
+    return max(times) if times else None
+
+
+def _epoch(stamp: object) -> float | None:
+    """POSIX seconds of a protocol timestamp (``2026-01-02T03:04:05.678901Z``), or None."""
+    if not isinstance(stamp, str) or len(stamp) > 64:
+        return None
+    try:
+        when = _dt.datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    return when.timestamp()
+
+
+def _read_json(adapter: Adapter, path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(document, None), or (None, why it could not be read) for a small JSON record."""
+    try:
+        data = adapter.read(path, limit=_MAX_RECORD_BYTES)
+    except (DurableError, OSError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if data is None:
+        return None, f"{adapter.url(path)} is gone"
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"{adapter.url(path)}: not valid JSON ({exc})"
+    if not isinstance(doc, dict):
+        return None, f"{adapter.url(path)}: not a JSON object"
+    return doc, None
+
+
+def entry_age(f: EntryFound, rec: Records, now: float) -> tuple[float | None, str | None,
+                                                                  AgeClock | None]:
+    """(seconds, what it is measured from, whose clock) for an entry (see the module doc)."""
+    if isinstance(rec.marker, Marker):
+        committed = _epoch(rec.marker.committed_at)
+        if committed is not None:
+            return now - committed, "committed_at", "writer"
+    if rec.started is not None:
+        return now - rec.started, "started_at", "writer"
+    if f.newest is not None:
+        return now - f.newest, "object mtime", "store"
+    newest = f.records_newest
+    if newest is not None:
+        return now - newest, "records mtime", "store"
+    return None, None, None
+
+
+def _row(sv: Survey, key: str, f: EntryFound, rec: Records, now: float) -> ScanRow:
+    url = sv.url(key)
+    age, source, clock = entry_age(f, rec, now)
+    extra: dict[str, Any] = {"age": age, "age_source": source, "age_clock": clock,
+                             "lease": rec.lease.to_json(now) if rec.lease else None}
+    marker = rec.marker
     incomplete: ScanState = "INCOMPLETE"
     if isinstance(marker, str):
-        return ScanRow(url, "ERROR", marker, f.objects, f.size)
+        return ScanRow(url, "ERROR", marker, f.objects, f.size, **extra)
     if marker is None:
         reasons = []
         if f.objects:
             reasons.append("data present but no commit marker")
         if f.attempts:
             reasons.append(f"a writer started but has not committed (attempt records: "
-                           f"{f.attempts})")
+                           f"{len(f.attempts)})")
         if not reasons:
             reasons.append("records but no commit marker and no data")
-        return ScanRow(url, incomplete, "; ".join(reasons), f.objects, f.size)
+        return ScanRow(url, incomplete, "; ".join(reasons), f.objects, f.size, **extra)
 
     assert marker.manifest is not None
     prefix = f"{key}/" if key else ""
     bad: list[str] = []
-    for k, rec in sorted(marker.manifest.objects.items()):
+    for k, rec_ in sorted(marker.manifest.objects.items()):
         lk = key if marker.kind == "object" else prefix + k
-        info = listing.get(lk)
+        info = sv.listing.get(lk)
         if info is None:
-            bad.append(f"{adapter.url(_join(path, lk))} is missing (the marker recorded "
-                       f"{rec.size} bytes)")
-        elif info.size != rec.size:
-            bad.append(f"{adapter.url(info.path)} is {info.size} bytes, the marker "
-                       f"recorded {rec.size}")
+            bad.append(f"{sv.adapter.url(_join(sv.path, lk))} is missing (the marker "
+                       f"recorded {rec_.size} bytes)")
+        elif info.size != rec_.size:
+            bad.append(f"{sv.adapter.url(info.path)} is {info.size} bytes, the marker "
+                       f"recorded {rec_.size}")
     total = len(marker.manifest)
     if bad:
         more = f"; and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
         reason = (f"marker present but data gone or changed: {len(bad)} of {total} objects: "
                   + "; ".join(bad[:_SHOWN]) + more)
         return ScanRow(url, incomplete, reason, f.objects, f.size, marker.attempt,
-                       marker.committed_at)
+                       marker.committed_at, **extra)
     reason = f"committed at {marker.committed_at} by attempt {marker.attempt}"
-    extra = f.objects - total
-    if extra > 0:
-        reason += f"; {extra} objects not in the manifest"
+    surplus = f.objects - total
+    if surplus > 0:
+        reason += f"; {surplus} objects not in the manifest"
     return ScanRow(url, "COMPLETE", reason, f.objects, f.size, marker.attempt,
-                   marker.committed_at)
+                   marker.committed_at, **extra)

@@ -3,10 +3,17 @@
 Commands::
 
     durable status URL [--json]          one entry's state, its reason and its marker
-    durable verify URL [--deep] [--json] every object against the manifest (sizes;
-                                         CRC32C too with --deep)
+    durable verify URL|ROOT [--deep] [--json]
+                                         every object against the manifest (sizes;
+                                         CRC32C too with --deep): one entry, or every
+                                         entry with a marker under ROOT, in parallel
     durable scan ROOT [--json] [--fail-on-incomplete]
-                                         every entry under ROOT, from one listing
+                                         every entry under ROOT, from one listing: state,
+                                         size, objects, age, the writer holding its lease
+    durable mark-complete ROOT [--apply] [--json]
+                                         adopt data written before durable (TRUSTS it)
+    durable clean ROOT --older-than AGE [--apply] [--lease-wait SECONDS] [--all-uploads]
+                                         remove what dead durable writers left behind
 
 URL and ROOT are local paths or fsspec URLs (``file://``, ``s3://``, ``gs://``, ``az://``,
 ``memory://``...). Options that every command takes, before or after its name:
@@ -19,15 +26,21 @@ URL and ROOT are local paths or fsspec URLs (``file://``, ``s3://``, ``gs://``, 
 The environment variable ``DURABLE_STORAGE_OPTIONS`` (a JSON object) gives defaults;
 ``--storage-options`` overrides its keys, and ``-o`` overrides both.
 
+Progress bars go to stderr, only when it is a terminal and never with ``--json``.
+
 Exit codes:
 
 == ===================================================================================
-0  COMPLETE (status); every object matches (verify); the scan ran (scan)
+0  COMPLETE (status); every object matches (verify); the command ran (scan,
+   mark-complete, clean; a dry run included)
 1  an error: a marker that cannot be trusted, an I/O error, anything unexpected
 2  usage error: a bad option or argument (click's)
-3  INCOMPLETE (status, verify); scan with --fail-on-incomplete: some entry not COMPLETE
-4  ABSENT (status, verify)
+3  INCOMPLETE (status, verify of one entry); scan with --fail-on-incomplete: some entry
+   not COMPLETE
+4  ABSENT (status, verify of one entry)
 5  verify found objects that do not match the manifest
+6  mark-complete --apply / clean --apply: some items failed (each listed with its
+   error); the others were done
 == ===================================================================================
 
 Errors are one line on stderr, ``durable: error: ...`` (a traceback only with --debug).
@@ -50,12 +63,43 @@ entry's state, and nothing was verified)::
                    "issue": "missing" | "size" | "crc32c" | "unexpected" | "unreadable",
                    "expected": ..., "found": ...}]}
 
-scan (``state`` "ERROR": the marker could not be read or trusted; ``reason`` says why)::
+verify of a ROOT (every entry with a marker under it; ``results`` as above, one per
+entry; an unreadable marker is a problem with issue "unreadable")::
+
+    {"root": str, "deep": bool, "ok": bool, "entries": int, "failed": int,
+     "objects": int, "bytes_checked": int, "results": [...],
+     "not_verified": [{"url": str, "reason": str}]}
+
+scan (``state`` "ERROR": the marker could not be read or trusted; ``reason`` says why;
+``age`` in seconds, measured from ``age_source`` by ``age_clock``'s clock: the writer's
+for "committed_at"/"started_at", the store's for "object mtime"/"records mtime")::
 
     {"root": str, "counts": {"COMPLETE": int, "INCOMPLETE": int, "ERROR": int},
      "entries": [{"url": str, "state": "COMPLETE" | "INCOMPLETE" | "ERROR",
                   "reason": str, "objects": int, "size": int,
-                  "attempt": str | null, "committed_at": str | null}]}
+                  "attempt": str | null, "committed_at": str | null,
+                  "age": float | null, "age_source": str | null,
+                  "age_clock": "writer" | "store" | null,
+                  "lease": null | {"holder", "host", "pid", "acquired_at", "heartbeat",
+                                   "stale_after", "file_age": float | null}}]}
+
+mark-complete (``status`` "planned" in a dry run)::
+
+    {"root": str, "apply": bool, "trust": str, "marked": int,
+     "counts": {"planned" | "adopted" | "skipped" | "failed": int},
+     "entries": [{"url": str, "status": "planned" | "adopted" | "skipped" | "failed",
+                  "reason": str, "objects": int, "size": int}],
+     "skipped": [{"url": str, "reason": str}]}
+
+clean (``items``: what is removed, or would be in a dry run; ``kept``: leftovers of
+durable writers left alone, and why)::
+
+    {"root": str, "apply": bool, "older_than": float, "lease_wait": float, "waited": float,
+     "counts": {"planned" | "removed" | "skipped" | "failed": int},
+     "items": [{"kind": "entry" | "records" | "temp" | "upload", "url": str,
+                "status": "planned" | "removed" | "skipped" | "failed", "reason": str,
+                "detail": str, "age": float | null, "objects": int, "size": int}],
+     "kept": [{"url": str, "reason": str}]}
 """
 
 from __future__ import annotations
@@ -63,8 +107,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -83,9 +130,22 @@ from rich.text import Text
 
 from durable._entry import Entry, Status, VerifyReport
 from durable._errors import DurableError, IncompleteError
-from durable._protocol import State
-from durable._scan import ScanRow, scan
+from durable._ops import (
+    TRUST,
+    AdoptReport,
+    CleanReport,
+    RootVerifyReport,
+    Ticker,
+    apply_clean,
+    fmt_age,
+    mark_complete_root,
+    plan_clean,
+    verify_root,
+)
+from durable._protocol import RECORDS_DIR, Layout, State
+from durable._scan import ScanRow, Survey, scan_survey, survey
 from durable._version import __version__
+from durable.adapters import Adapter, resolve
 
 __all__ = ["cli", "main"]
 
@@ -95,6 +155,7 @@ EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
 EXIT_ABSENT = 4
 EXIT_MISMATCH = 5
+EXIT_PARTIAL = 6
 ENV_OPTIONS = "DURABLE_STORAGE_OPTIONS"
 
 _STATE_EXIT = {State.COMPLETE: EXIT_OK, State.INCOMPLETE: EXIT_INCOMPLETE,
@@ -102,12 +163,13 @@ _STATE_EXIT = {State.COMPLETE: EXIT_OK, State.INCOMPLETE: EXIT_INCOMPLETE,
 _STYLE = {"COMPLETE": "green", "INCOMPLETE": "yellow", "ABSENT": "dim", "ERROR": "bold red"}
 _EPILOG = """\b
 Exit codes:
-  0  COMPLETE / verified / scan done
+  0  COMPLETE / verified / scan, mark-complete, clean done (dry runs too)
   1  error (untrustworthy marker, I/O, unexpected)
   2  usage error
   3  INCOMPLETE (scan: with --fail-on-incomplete, some entry not COMPLETE)
   4  ABSENT
   5  verify found mismatches
+  6  mark-complete/clean --apply: some items failed (listed); the rest done
 \b
 Storage options: DURABLE_STORAGE_OPTIONS (JSON), then --storage-options JSON,
 then -o KEY=VALUE, each overriding the keys of the one before.
@@ -187,6 +249,32 @@ def _entry(ctx: click.Context, url: str) -> Entry:
         raise click.BadParameter(str(exc), ctx, param_hint="URL") from None
 
 
+def _resolve(ctx: click.Context, url: str, hint: str = "ROOT") -> tuple[Adapter, str]:
+    try:
+        return resolve(url, storage_options(ctx))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param_hint=hint) from None
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``30m``, ``2h``, ``3d``, ``1w`` (or ``0``) -> seconds; ValueError if not."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([smhdw]?)\s*", text)
+    # A bare number is refused (is "3" minutes or days?), except 0, which is 0 in any unit.
+    if m is None or (not m[2] and float(m[1]) != 0):
+        raise ValueError(f"{text!r} is not an age like 90s, 30m, 2h, 3d or 1w")
+    return float(m[1]) * _AGE_UNITS[m[2] or "s"]
+
+
+def _age_option(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        return parse_age(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 # errors ---------------------------------------------------------------------------------
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
@@ -242,6 +330,26 @@ def _progress(enabled: bool, description: str, *, bar: bool) -> Iterator[Progres
     with progress:
         progress.add_task(description, total=None)
         yield progress
+
+
+@contextlib.contextmanager
+def _ticking(enabled: bool, description: str) -> Iterator[Ticker]:
+    """A progress bar (see _progress) driven by ``tick(what, done, total)``."""
+    with _progress(enabled, description, bar=True) as progress:
+        task = progress.tasks[0].id
+
+        def tick(what: str, done: int, total: int | None) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        yield tick
+
+
+def _counts(statuses: Sequence[str], order: Sequence[str]) -> dict[str, int]:
+    return {s: sum(x == s for x in statuses) for s in order}
+
+
+def _age_text(age: float | None) -> str:
+    return "-" if age is None else fmt_age(age)
 
 
 # commands -------------------------------------------------------------------------------
@@ -306,15 +414,46 @@ def verify_doc(report: VerifyReport) -> dict[str, Any]:
                          for p in report.problems]}
 
 
+_WORKERS = click.option("--workers", type=click.IntRange(1, 256), default=16,
+                        show_default=True, help="Requests in flight at once.")
+
+
+def _root_or_entry(ctx: click.Context, url: str) -> Survey | None:
+    """A survey of URL if it is a root (durable records below it, no marker of its own),
+    or None if URL is to be verified as one entry (with a marker, or none anywhere)."""
+    adapter, path = _resolve(ctx, url, "URL")
+    try:
+        layout: Layout | None = Layout(path)
+    except ValueError:
+        layout = None  # a bucket or file-system root: never an entry
+    if layout is not None and adapter.info(layout.marker) is not None:
+        return None
+    listing = adapter.list(path)
+    if layout is not None and not any(RECORDS_DIR in k.split("/")[:-1] for k in listing):
+        return None  # no entry below: URL is an entry that is INCOMPLETE or ABSENT
+    return survey(adapter, path, listing=listing)
+
+
 @cli.command()
 @click.argument("url")
 @click.option("--deep", is_flag=True,
               help="Read every object and compare its CRC32C (not only its size).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_WORKERS
 @_common
 @click.pass_context
-def verify(ctx: click.Context, url: str, deep: bool, as_json: bool) -> None:
-    """Check every object of the entry at URL against its manifest."""
+def verify(ctx: click.Context, url: str, deep: bool, as_json: bool, workers: int) -> None:
+    """Check the entry at URL, or every entry under URL, against its manifest.
+
+    URL is one entry when it has a commit marker, or when no durable records lie below
+    it (then it is INCOMPLETE or ABSENT: exit 3 or 4). Otherwise it is a ROOT, and every
+    entry under it with a marker is verified, in parallel; entries without one are listed
+    as not verified. Every mismatch is listed by object, with what the manifest expected
+    and what was found; any mismatch exits 5.
+    """
+    sv = _root_or_entry(ctx, url)
+    if sv is not None:
+        _verify_root(ctx, sv, deep, as_json, workers)
     entry = _entry(ctx, url)
     try:
         with _progress(not as_json, f"verifying {entry.url}", bar=False):
@@ -348,6 +487,42 @@ def _show(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def root_verify_doc(report: RootVerifyReport) -> dict[str, Any]:
+    return {"root": report.root, "deep": report.deep, "ok": report.ok,
+            "entries": len(report.reports), "failed": sum(not r.ok for r in report.reports),
+            "objects": sum(r.objects for r in report.reports),
+            "bytes_checked": sum(r.bytes_checked for r in report.reports),
+            "results": [verify_doc(r) for r in report.reports],
+            "not_verified": [asdict(n) for n in report.not_verified]}
+
+
+def _verify_root(ctx: click.Context, sv: Survey, deep: bool, as_json: bool,
+                 workers: int) -> NoReturn:
+    with _ticking(not as_json, f"verifying {sv.adapter.url(sv.path)}") as tick:
+        report = verify_root(sv, deep=deep, workers=workers, progress=tick)
+    doc = root_verify_doc(report)
+    if as_json:
+        _emit_json(doc)
+    else:
+        console = _console()
+        failed = [r for r in report.reports if not r.ok]
+        if failed:
+            table = Table("entry", "object", "issue", "expected", "found")
+            for r in failed:
+                for p in r.problems:
+                    table.add_row(Text(r.url), Text(p.key or p.url), Text(p.issue),
+                                  Text(_show(p.expected)), Text(_show(p.found)))
+            console.print(table)
+        checked = "sizes and CRC32C" if deep else "sizes"
+        summary = (f"{doc['entries']} entries under {doc['root']} verified ({checked}): "
+                   f"{doc['failed']} with mismatches, {doc['entries'] - doc['failed']} OK")
+        if report.not_verified:
+            summary += f"; {len(report.not_verified)} without a marker, not verified"
+        console.print(Text(summary), Text("OK", style="green") if report.ok
+                      else Text("FAILED", style="red"))
+    ctx.exit(EXIT_OK if report.ok else EXIT_MISMATCH)
+
+
 def scan_doc(root: str, rows: Sequence[ScanRow]) -> dict[str, Any]:
     counts = {"COMPLETE": 0, "INCOMPLETE": 0, "ERROR": 0}
     for row in rows:
@@ -360,27 +535,34 @@ def scan_doc(root: str, rows: Sequence[ScanRow]) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @click.option("--fail-on-incomplete", is_flag=True,
               help="Exit 3 if any entry is not COMPLETE (INCOMPLETE or ERROR).")
+@_WORKERS
 @_common
 @click.pass_context
-def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: bool) -> None:
-    """Every entry under ROOT with its state, size and object count (one listing)."""
-    with _progress(not as_json, f"listing {root}", bar=True) as progress:
-        task = progress.tasks[0].id
+def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: bool,
+             workers: int) -> None:
+    """Every entry under ROOT: state, size, objects, age, and the writer holding its lease.
 
-        def tick(done: int, total: int) -> None:
-            progress.update(task, description="reading markers", completed=done, total=total)
-
-        rows = scan(root, storage_options(ctx), progress=tick)
+    One listing of ROOT, then one small read per marker, per attempt record of an
+    unmarked entry and per lease file: never a request per object. Ages are measured
+    from the marker's committed_at (COMPLETE), the newest attempt's started_at (a
+    writer's clock), or else the newest object's modification time (the store's clock).
+    """
+    adapter, path = _resolve(ctx, root)
+    with _ticking(not as_json, f"listing {root}") as tick:
+        sv = survey(adapter, path)
+        rows = scan_survey(sv, workers=workers,
+                           progress=lambda done, total: tick("reading records", done, total))
     doc = scan_doc(root, rows)
     if as_json:
         _emit_json(doc)
     else:
         console = _console()
         if rows:
-            table = Table("state", "objects", "size", "url", "reason")
+            table = Table("state", "objects", "size", "age", "lease", "url", "reason")
             for r in rows:
                 table.add_row(_state_text(r.state), str(r.objects), _size(r.size),
-                              Text(r.url), Text(r.reason))
+                              _age_text(r.age), Text(_holder(r.lease)), Text(r.url),
+                              Text(r.reason))
             console.print(table)
         summary = ", ".join(f"{n} {s}" for s, n in doc["counts"].items() if n)
         console.print(Text(f"{len(rows)} entries under {root}" +
@@ -388,6 +570,175 @@ def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: b
     if fail_on_incomplete and any(r.state != "COMPLETE" for r in rows):
         ctx.exit(EXIT_INCOMPLETE)
     ctx.exit(EXIT_OK)
+
+
+def _holder(lease: dict[str, Any] | None) -> str:
+    if lease is None:
+        return "-"
+    who = f"{lease.get('host')}:{lease.get('pid')}"
+    seen = lease.get("file_age")
+    return who if seen is None else f"{who} ({fmt_age(seen)} ago)"
+
+
+# adopting ---------------------------------------------------------------------------------
+_MARK_HELP = f"""Adopt data written before durable: give each unmarked entry under ROOT a
+commit marker.
+
+{TRUST}
+
+\b
+Without --apply it is a dry run: it lists what it would mark. Candidates are
+the unmarked entries `durable scan` finds with no durable records at all.
+Skipped: entries already COMPLETE (it is idempotent: run it again to catch
+what was written since), entries where a durable writer started (attempt
+records) or that hold a lease, entries inside a committed entry.
+
+Every object is read to record its size and CRC32C, which the manifest
+requires: there is no size-only adoption, so there is no --deep (reading
+everything also proves every object readable to its end).
+
+\b
+Push plan (incident 001): with no writer running, list, then --apply; deploy
+the code that reads markers; once no job started before the deploy is still
+running, and before new ones start, --apply again.
+"""
+
+
+def adopt_doc(report: AdoptReport) -> dict[str, Any]:
+    return {"root": report.root, "apply": report.apply, "trust": TRUST,
+            "marked": report.marked,
+            "counts": _counts([a.status for a in report.adoptions],
+                              ("planned", "adopted", "skipped", "failed")),
+            "entries": [{"url": a.url, "status": a.status, "reason": a.reason,
+                         "objects": a.objects, "size": a.size} for a in report.adoptions],
+            "skipped": [asdict(s) for s in report.skipped]}
+
+
+@cli.command("mark-complete", help=_MARK_HELP)
+@click.argument("root")
+@click.option("--apply", "do_apply", is_flag=True,
+              help="Write the markers (without it: only list what would be marked).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_WORKERS
+@_common
+@click.pass_context
+def mark_complete_cmd(ctx: click.Context, root: str, do_apply: bool, as_json: bool,
+                      workers: int) -> None:
+    adapter, path = _resolve(ctx, root)
+    with _ticking(not as_json, f"listing {root}") as tick:
+        report = mark_complete_root(survey(adapter, path), apply=do_apply, workers=workers,
+                                    progress=tick)
+    doc = adopt_doc(report)
+    if as_json:
+        _emit_json(doc)
+    else:
+        console = _console()
+        console.print(Text(TRUST, style="bold yellow"))
+        if report.adoptions or report.skipped:
+            table = Table("status", "objects", "size", "url", "reason")
+            for a in report.adoptions:
+                table.add_row(Text(a.status), str(a.objects), _size(a.size), Text(a.url),
+                              Text(a.reason))
+            for sk in report.skipped:
+                table.add_row(Text("skipped"), "-", "-", Text(sk.url), Text(sk.reason))
+            console.print(table)
+        c = doc["counts"]
+        if do_apply:
+            line = (f"{c['adopted']} entries marked COMPLETE, {c['skipped']} skipped, "
+                    f"{c['failed']} failed")
+        else:
+            line = (f"dry run: {c['planned']} entries would be marked COMPLETE "
+                    "(--apply to write)")
+        console.print(Text(f"{line}; {len(report.skipped)} unmarked entries skipped; "
+                           f"{report.marked} entries already have a marker"))
+    ctx.exit(EXIT_PARTIAL if doc["counts"]["failed"] else EXIT_OK)
+
+
+# cleaning ---------------------------------------------------------------------------------
+def clean_doc(report: CleanReport) -> dict[str, Any]:
+    return {"root": report.root, "apply": report.apply, "older_than": report.older_than,
+            "lease_wait": report.lease_wait, "waited": report.waited,
+            "counts": _counts([i.status for i in report.items],
+                              ("planned", "removed", "skipped", "failed")),
+            "items": [{"kind": i.kind, "url": i.url, "status": i.status, "reason": i.reason,
+                       "detail": i.detail, "age": i.age, "objects": i.objects,
+                       "size": i.size} for i in report.items],
+            "kept": [asdict(k) for k in report.kept]}
+
+
+def _sleeper(tick: Ticker) -> Callable[[float], None]:
+    def sleep(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            tick(f"watching leases, {left:.0f} s left", int(seconds - left), int(seconds))
+            time.sleep(min(0.25, left))
+    return sleep
+
+
+@cli.command()
+@click.argument("root")
+@click.option("--older-than", "older_than", callback=_age_option, required=True, metavar="AGE",
+              help="Only what is older than this: 90s, 30m, 2h, 3d, 1w. Pick more than "
+                   "your longest write: a writer without a lease is judged by age alone.")
+@click.option("--apply", "do_apply", is_flag=True,
+              help="Remove (without it: only list what would be removed).")
+@click.option("--lease-wait", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              metavar="SECONDS",
+              help="Longest wait to tell live leases from stale ones; a lease whose "
+                   "stale_after is longer is taken for alive.")
+@click.option("--all-uploads", is_flag=True,
+              help="Abort old multipart uploads under ROOT even when not started the way "
+                   "durable starts them (CRC32C).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_WORKERS
+@_common
+@click.pass_context
+def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
+          lease_wait: float, all_uploads: bool, as_json: bool, workers: int) -> None:
+    """Remove what dead durable writers left under ROOT, older than AGE.
+
+    \b
+    - INCOMPLETE entries a durable writer started (attempt records, a lease, other
+      records) and never committed, with no live lease: data and records;
+    - records whose entry's data is gone, with no marker;
+    - temp files of atomic writes (.NAME.durable-tmp-*);
+    - S3 multipart uploads never completed.
+
+    It never touches an entry with a commit marker, nor anything inside one, nor data with
+    no durable records (data written before durable: see mark-complete). Each entry is
+    checked again right before it is removed: a marker, or records changed since the plan
+    (a writer at work), and it is left alone. Leases are judged by watching them: list,
+    wait their stale_after (at most --lease-wait), list again; a lease whose version did
+    not change is stale. Without --apply it is a dry run.
+    """
+    adapter, path = _resolve(ctx, root)
+    with _ticking(not as_json, f"listing {root}") as tick:
+        sv = survey(adapter, path)
+        report = plan_clean(sv, older_than=older_than, lease_wait=lease_wait,
+                            all_uploads=all_uploads, workers=workers, progress=tick,
+                            sleep=_sleeper(tick) if not as_json else time.sleep)
+        if do_apply:
+            apply_clean(sv, report, workers=workers, progress=tick)
+    doc = clean_doc(report)
+    if as_json:
+        _emit_json(doc)
+    else:
+        console = _console()
+        if report.items or report.kept:
+            table = Table("status", "kind", "age", "url", "reason")
+            for i in report.items:
+                reason = f"{i.reason}; {i.detail}" if i.detail else i.reason
+                table.add_row(Text(i.status), Text(i.kind), _age_text(i.age), Text(i.url),
+                              Text(reason))
+            for k in report.kept:
+                table.add_row(Text("kept"), "-", "-", Text(k.url), Text(k.reason))
+            console.print(table)
+        c = doc["counts"]
+        line = (f"{c['removed']} removed, {c['skipped']} skipped, {c['failed']} failed"
+                if do_apply else f"dry run: {c['planned']} would be removed (--apply to "
+                                 "remove)")
+        console.print(Text(f"{line}; {len(report.kept)} kept"))
+    ctx.exit(EXIT_PARTIAL if doc["counts"]["failed"] else EXIT_OK)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

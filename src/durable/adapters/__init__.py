@@ -72,7 +72,8 @@ def adapter_for_fs(fs: Any) -> Adapter:
     return adapter
 
 
-def resolve(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> tuple[Adapter, str]:
+def resolve(url: str | os.PathLike[str],
+            storage_options: dict[str, Any] | None = None) -> tuple[Adapter, str]:
     """(adapter, path) for a URL, the way fsspec and xarray name places."""
     from fsspec.core import url_to_fs
 

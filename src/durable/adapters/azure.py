@@ -38,7 +38,13 @@ from fsspec.asyn import sync
 
 from durable._errors import IntegrityError
 from durable.adapters._ranged import open_pinned
-from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+from durable.adapters.base import (
+    Adapter,
+    AtomicFile,
+    Capabilities,
+    ObjectInfo,
+    VersionMismatchError,
+)
 
 __all__ = ["BLOCK", "SINGLE_PUT", "AzureAdapter"]
 
@@ -158,7 +164,9 @@ class AzureAdapter(Adapter):
               "List at commit; Content-MD5 on every upload request, checked by Azure "
               "(no whole-blob check of a block list); create-only by If-None-Match: *; "
               "reads pinned by If-Match on the ETag. Another writer's Put Blob to the same "
-              "name discards our staged blocks: our commit then fails, publishing nothing"),
+              "name discards our staged blocks: our commit then fails, publishing nothing; "
+              "conditional writes (leases) by If-Match on Put Blob and Delete Blob"),
+        conditional_writes=True,
     )
 
     # helpers --------------------------------------------------------------------------------
@@ -274,6 +282,36 @@ class AzureAdapter(Adapter):
             return data
 
         return open_pinned(url, info.size, fetch)
+
+    # conditional writes (leases): If-Match, enforced by Azure and azurite (412) ------------
+    def supports_conditional(self, path: str) -> bool:
+        return True
+
+    def _mismatch(self, path: str, version: str) -> VersionMismatchError:
+        url = self.url(path)
+        return VersionMismatchError(f"{url}: not at ETag {version} (If-Match refused)",
+                                    url=url, expected=version, found=None)
+
+    def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        if len(data) > SINGLE_PUT:
+            raise ValueError(f"{self.url(path)}: conditional writes are single Put Blobs, "
+                             f"up to {SINGLE_PUT} bytes")
+        try:
+            reply = self._call(path, "upload_blob", data, length=len(data),
+                               blob_type="BlockBlob", overwrite=True, validate_content="md5",
+                               etag=version, match_condition=MatchConditions.IfNotModified)
+        except (FileExistsError, ResourceNotFoundError):
+            raise self._mismatch(path, version) from None
+        self.fs.invalidate_cache(path)
+        return ObjectInfo(path, len(data), _etag(reply["etag"]))
+
+    def delete_if(self, path: str, version: str) -> None:
+        try:
+            self._call(path, "delete_blob", etag=version,
+                       match_condition=MatchConditions.IfNotModified)
+        except (FileExistsError, ResourceNotFoundError):
+            raise self._mismatch(path, version) from None
+        self.fs.invalidate_cache(path)
 
     # removing -------------------------------------------------------------------------------
     def delete(self, paths: Iterable[str]) -> None:

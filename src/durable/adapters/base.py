@@ -8,16 +8,18 @@ reads) is built once, in the core, on top of these.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from durable._checksum import Checksum, crc32c, crc_to_hex
-from durable._errors import IntegrityError
+from durable._errors import IntegrityError, UnsupportedError
 
-__all__ = ["Adapter", "AtomicFile", "Capabilities", "ObjectInfo", "VerifyLevel"]
+__all__ = ["Adapter", "AtomicFile", "Capabilities", "ObjectInfo", "Upload", "VerifyLevel",
+           "VersionMismatchError"]
 
 VerifyLevel = Literal["none", "size", "probe", "full"]
 
@@ -33,6 +35,23 @@ class ObjectInfo:
     path: str
     size: int
     version: str | None = None
+    modified: float | None = field(default=None, compare=False)
+    """When the store last wrote the object (POSIX seconds by the store's clock); None if
+    the adapter does not say. Used for ages (`durable scan`, `durable clean`), never to
+    pin a read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """An upload the store keeps open until it is completed or aborted (an S3 multipart
+    upload): a writer killed mid-upload leaves one, holding storage but no object."""
+
+    path: str
+    upload_id: str
+    initiated: float | None
+    """POSIX seconds by the store's clock; None if the store does not say."""
+    checksum: str | None = None
+    """The checksum algorithm the upload was started with, as the store lists it."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,22 @@ class Capabilities:
     pinned_reads: bool
     """Reads can be pinned to the version seen at open (a replaced object is an error)."""
     note: str = ""
+    conditional_writes: bool = False
+    """`replace_if`/`delete_if` are enforced by the store: of writers racing on one
+    version, exactly one succeeds (what leases are fenced with)."""
+
+
+class VersionMismatchError(OSError):
+    """A conditional write or delete found the object at another version (or gone)."""
+
+    def __init__(self, message: str, *, url: str, expected: str, found: str | None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.expected = expected
+        self.found = found
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class AtomicFile(io.RawIOBase):
@@ -267,6 +302,49 @@ class Adapter(ABC):
             raise IntegrityError(f"{url}: stat says {info.size} bytes but byte "
                                  f"{info.size - 1} cannot be read", url=url,
                                  expected=info.size, found=f"{len(got)} bytes at the end")
+
+    # uploads left open -------------------------------------------------------------------
+    def list_uploads(self, prefix: str) -> Sequence[Upload]:
+        """Uploads started below ``prefix`` and neither completed nor aborted; [] on a store
+        with no such thing (or where it cannot be listed)."""
+        return []
+
+    def abort_upload(self, upload: Upload) -> None:
+        """Abort an upload `list_uploads` returned; one already gone is fine."""
+        raise UnsupportedError(f"{self.url(upload.path)}: {self.name} lists no uploads to "
+                               "abort")
+
+    # conditional writes (leases) -------------------------------------------------------
+    def supports_conditional(self, path: str) -> bool:
+        """Whether `replace_if`/`delete_if` are enforced where ``path`` lives."""
+        return False
+
+    def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        """Replace ``path`` with ``data`` only if it is still at ``version``.
+
+        VersionMismatchError if it is at another version or gone; of writers racing on one
+        version, exactly one succeeds. Not durable on its own (leases need no fsync).
+        """
+        raise UnsupportedError(f"{self.url(path)}: the {self.name} adapter has no "
+                               "conditional writes (compare-and-swap on a version)")
+
+    def delete_if(self, path: str, version: str) -> None:
+        """Delete ``path`` only if it is still at ``version``; VersionMismatchError if not."""
+        raise UnsupportedError(f"{self.url(path)}: the {self.name} adapter has no "
+                               "conditional deletes")
+
+    @contextlib.contextmanager
+    def exclusive(self, path: str) -> Iterator[bool]:
+        """Hold off every `replace_if`/`delete_if` of ``path`` while the block runs.
+
+        Yields True where the store can promise it (a lock every conditional write takes),
+        False where it cannot: the block then races conditional writes of other processes.
+        """
+        yield False
+
+    def prune(self, prefix: str) -> None:  # noqa: B027
+        """Remove directories left empty at and below ``prefix``; a no-op on stores that
+        have no directories. Never removes an object."""
 
     # removing -----------------------------------------------------------------------------
     @abstractmethod

@@ -22,19 +22,26 @@ import asyncio
 import contextlib
 import io
 import json
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 from urllib.parse import quote
 
 import aiohttp
 from fsspec.asyn import sync
 from gcsfs.retry import HttpError
 
-from durable._checksum import crc_from_b64, crc_to_b64, crc_to_hex
-from durable._errors import IntegrityError
+from durable._checksum import crc32c, crc_from_b64, crc_to_b64, crc_to_hex
+from durable._errors import IntegrityError, UnsupportedError
 from durable.adapters._ranged import open_pinned
-from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+from durable.adapters.base import (
+    Adapter,
+    AtomicFile,
+    Capabilities,
+    ObjectInfo,
+    VersionMismatchError,
+)
 
 __all__ = ["CHUNK", "GCSAdapter"]
 
@@ -152,8 +159,15 @@ class GCSAdapter(Adapter):
               "generation. Emulators enforce less: gcp-storage-emulator checks crc32c but "
               "no precondition and no generation pin; fake-gcs-server enforces "
               "ifGenerationMatch=0 on single-request uploads only (not resumable ones) and "
-              "generation= on reads, and checks no checksum"),
+              "generation= on reads, and checks no checksum. Conditional writes (leases): "
+              "ifGenerationMatch on a single-request upload and on DELETE, probed once per "
+              "endpoint (fake-gcs-server ignores it on DELETE: an enforced upload goes "
+              "first there)"),
+        conditional_writes=True,
     )
+    # Endpoint -> whether it enforces ifGenerationMatch on uploads, and on deletes.
+    _conditional_by_endpoint: ClassVar[dict[str, tuple[bool, bool]]] = {}
+    _probe_lock: ClassVar[threading.Lock] = threading.Lock()
 
     # helpers --------------------------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, str]:
@@ -197,7 +211,7 @@ class GCSAdapter(Adapter):
             await r.read()
 
     def _upload_single(self, path: str, data: bytes, crc: int,
-                       create_only: bool) -> dict[str, Any]:
+                       create_only: bool, generation: str | None = None) -> dict[str, Any]:
         bucket, key = self._split(path)
         # A random boundary: a fixed one can occur in the data and cut it short.
         boundary = uuid.uuid4().hex
@@ -207,6 +221,8 @@ class GCSAdapter(Adapter):
             f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
             data, f"\r\n--{boundary}--\r\n".encode()])
         params = {"ifGenerationMatch": "0"} if create_only else {}
+        if generation is not None:
+            params = {"ifGenerationMatch": generation}
         try:
             resource: dict[str, Any] = self.fs.call(
                 "POST", self._upload_url, bucket, uploadType="multipart", json_out=True,
@@ -317,6 +333,79 @@ class GCSAdapter(Adapter):
             return data
 
         return open_pinned(url, info.size, fetch)
+
+    # conditional writes (leases): ifGenerationMatch ------------------------------------------
+    def supports_conditional(self, path: str) -> bool:
+        """Probed once per endpoint, next to ``path``: emulators differ (gcp-storage-emulator
+        enforces no precondition), and one that ignored it would be a silent race."""
+        return self._conditional(path)[0]
+
+    def _conditional(self, path: str) -> tuple[bool, bool]:
+        endpoint = str(self.fs._location)
+        known = self._conditional_by_endpoint.get(endpoint)
+        if known is None:
+            with self._probe_lock:
+                known = self._conditional_by_endpoint.get(endpoint)
+                if known is None:
+                    known = self._probe_conditional(path)
+                    self._conditional_by_endpoint[endpoint] = known
+        return known
+
+    def _probe_conditional(self, path: str) -> tuple[bool, bool]:
+        """(uploads enforce ifGenerationMatch, deletes do)."""
+        parent = path.rstrip("/").rpartition("/")[0]
+        probe = f"{parent}/.durable-probe-{uuid.uuid4().hex}"
+        bucket, key = self._split(probe)
+        try:
+            first = self._upload_single(probe, b"probe", crc32c(b"probe"), False)
+            wrong = str(int(first["generation"]) + 1)
+            try:
+                self._upload_single(probe, b"x", crc32c(b"x"), False, generation=wrong)
+                return False, False
+            except FileExistsError:
+                pass
+            try:
+                self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=wrong)
+                return True, False
+            except FileExistsError:
+                return True, True
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                self.delete([probe])
+
+    def _require_conditional(self, path: str) -> None:
+        if not self.supports_conditional(path):
+            raise UnsupportedError(f"{self.url(path)}: this endpoint ignores "
+                                   "ifGenerationMatch (probed): no conditional writes")
+
+    def _mismatch(self, path: str, version: str) -> VersionMismatchError:
+        url = self.url(path)
+        return VersionMismatchError(f"{url}: not at generation {version} "
+                                    "(ifGenerationMatch refused)", url=url, expected=version,
+                                    found=None)
+
+    def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        self._require_conditional(path)
+        crc = crc32c(data)
+        try:
+            resource = self._upload_single(path, data, crc, False, generation=version)
+        except (FileExistsError, FileNotFoundError):
+            raise self._mismatch(path, version) from None
+        return self._accept(path, resource, len(data), crc)
+
+    def delete_if(self, path: str, version: str) -> None:
+        self._require_conditional(path)
+        bucket, key = self._split(path)
+        if not self._conditional(path)[1]:
+            # A DELETE that ignores its precondition (fake-gcs-server): make the object
+            # ours first with an enforced upload; a racing conditional write would then
+            # have to be on the version we just wrote, which no one has seen.
+            version = str(self.replace_if(path, b"", version).version)
+        try:
+            self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=version)
+        except (FileExistsError, FileNotFoundError):
+            raise self._mismatch(path, version) from None
+        self.fs.invalidate_cache(path)
 
     # removing -------------------------------------------------------------------------------
     def delete(self, paths: Iterable[str]) -> None:

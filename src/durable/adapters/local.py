@@ -2,22 +2,46 @@
 
 The order is the whole point (incident 003): a rename that reaches the disk before the
 data lets another node, or this one after a crash, open the new name and read a prefix.
+
+Conditional writes (`replace_if`, `delete_if`, `exclusive`; what leases are fenced with)
+take a lock: a thread lock for the threads of this process, then a POSIX record lock
+(``lockf``) on a sidecar file, ``DIR.durable-lock`` beside the object's directory ``DIR``
+(outside it, so that an emptied directory can still be removed). Under the lock the object
+is opened and fstat-ed (on NFS, an open revalidates the attributes: close-to-open
+consistency), its version compared, and the new bytes renamed into place. The lock dies
+with its process (a SIGKILLed holder frees it), and the sidecar is never removed (removing
+a lock file races with processes waiting on the old inode).
+
+Limits: ``lockf`` reaches other machines only where the file system forwards it (local
+disks: one machine; NFSv3 with NLM and NFSv4: yes). NFS mounted with ``nolock`` or
+``local_lock=all|posix`` and FUSE mounts (gcsfuse, s3fs-fuse, ...) keep locks on one
+machine: `supports_conditional` says False there, so leases refuse them. An NFS client cut
+off from its server for longer than the server's lease time (NFSv4: typically 90 s) can
+lose its lock without noticing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat as _stat
 import threading
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from durable._errors import IntegrityError
-from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+from durable.adapters.base import (
+    Adapter,
+    AtomicFile,
+    Capabilities,
+    ObjectInfo,
+    VersionMismatchError,
+)
 
 __all__ = ["LocalAdapter", "fsync_dir"]
 
@@ -25,8 +49,9 @@ TMP_MARK = ".durable-tmp-"
 # fsync releases the GIL: a small pool overlaps the disk's flushes at commit.
 _SYNC_WORKERS = 8
 # CRC32C and write(2) both release the GIL: from this block size up, the checksum runs in
-# a helper thread while the kernel copies the block, so it no longer adds ~5% to a large
-# write (benchmarks/bench_atomic.py). Below it, the hand-off costs more than it saves.
+# a helper thread while the kernel copies the block, so with a CPU to spare it no longer
+# adds 5-9% to a large write (benchmarks/bench_atomic.py --serial-crc). With no CPU to
+# spare it costs a few percent instead; below this size the hand-off never pays.
 _OVERLAP_MIN = 2 * 1024 * 1024
 _CRC_WORKERS = 4
 _crc_pool: ThreadPoolExecutor | None = None
@@ -44,9 +69,13 @@ def _checksum_pool() -> ThreadPoolExecutor:
 def _forget_pool_after_fork() -> None:
     # A pool inherited through fork() has no threads: work submitted to it would wait
     # forever. The child starts its own on first use.
-    global _crc_pool, _crc_lock
+    global _crc_pool, _crc_lock, _cas_locks, _cas_registry
     _crc_pool = None
     _crc_lock = threading.Lock()
+    # Thread locks held by threads that did not survive the fork would never be released,
+    # and the child holds none of the parent's record locks.
+    _cas_locks = {}
+    _cas_registry = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool_after_fork)
@@ -81,6 +110,118 @@ def _makedirs(path: str) -> list[str]:
 
 def _version(st: os.stat_result) -> str:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+LOCK_SUFFIX = ".durable-lock"
+#: How long a conditional write waits for the lock before giving up (TimeoutError): a
+#: holder stopped (SIGSTOP) inside its few-millisecond critical section must not hang
+#: every other process for good.
+CAS_TIMEOUT = 10.0
+
+
+class _CasLock:
+    """One lock file: an RLock for this process's threads, lockf for other processes."""
+
+    def __init__(self) -> None:
+        self.thread_lock = threading.RLock()
+        self.depth = 0
+        self.fd: int | None = None
+
+
+_cas_locks: dict[str, _CasLock] = {}
+_cas_registry = threading.Lock()
+
+
+def _lock_path(path: str) -> str:
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.dirname(directory) == directory:
+        raise ValueError(f"{path}: no conditional writes directly under a file-system root")
+    return directory + LOCK_SUFFIX
+
+
+@contextlib.contextmanager
+def _cas_lock(path: str, timeout: float = CAS_TIMEOUT) -> Iterator[None]:
+    lock_path = _lock_path(path)
+    with _cas_registry:
+        lock = _cas_locks.setdefault(lock_path, _CasLock())
+    deadline = time.monotonic() + timeout
+    # POSIX record locks belong to the process, not the thread: without this lock, two
+    # threads would both "hold" it, and one closing its fd would release the other's.
+    if not lock.thread_lock.acquire(timeout=timeout):
+        raise TimeoutError(f"{lock_path}: lock held by another thread for over {timeout} s")
+    try:
+        if lock.depth == 0:
+            lock.fd = _lockf(lock_path, deadline)
+        lock.depth += 1
+        try:
+            yield
+        finally:
+            lock.depth -= 1
+            if lock.depth == 0 and lock.fd is not None:
+                fd, lock.fd = lock.fd, None
+                os.close(fd)  # releases the record lock
+    finally:
+        lock.thread_lock.release()
+
+
+def _lockf(lock_path: str, deadline: float) -> int:
+    _makedirs(os.path.dirname(lock_path))
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    pause = 0.001
+    try:
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{lock_path}: locked by another process for over "
+                                   f"{CAS_TIMEOUT} s (stopped inside a conditional write?)")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _current_version(path: str) -> str | None:
+    # open + fstat, not stat: on NFS an open revalidates the attributes (close-to-open),
+    # where a stat may answer from a cache seconds old.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return _version(os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def _lock_problem(path: str) -> str | None:
+    """Why record locks on ``path`` would not reach other machines, or None."""
+    target = os.path.realpath(path)
+    best: tuple[str, str, str] | None = None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                _, mnt, fstype, opts, *_ = line.split()
+                inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
+                if inside and (best is None or len(mnt) > len(best[0])):
+                    best = (mnt, fstype, opts)
+    except OSError:
+        return None  # not Linux: nothing to go by
+    if best is None:
+        return None
+    mnt, fstype, opts = best
+    options = opts.split(",")
+    if fstype.startswith("fuse"):
+        return f"{mnt} is a FUSE mount ({fstype}): its locks do not reach other machines"
+    if fstype.startswith("nfs") and ("nolock" in options or "local_lock=all" in options
+                                     or "local_lock=posix" in options):
+        return f"{mnt} is NFS mounted with {opts}: its locks stay on this machine"
+    return None
 
 
 class _LocalAtomicFile(AtomicFile):
@@ -155,7 +296,9 @@ class LocalAdapter(Adapter):
     protocols = ("file", "local")
     capabilities = Capabilities(
         atomic_objects=True, create_only=True, durable=True, pinned_reads=True,
-        note="temp file in the same directory, fsync, rename/link, directory fsync",
+        note="temp file in the same directory, fsync, rename/link, directory fsync; "
+             "conditional writes under a lockf lock on a sidecar file",
+        conditional_writes=True,
     )
 
     def open_atomic(self, path: str, *, create_only: bool = False,
@@ -179,7 +322,7 @@ class LocalAdapter(Adapter):
             return None
         if not _stat.S_ISREG(st.st_mode):
             return None
-        return ObjectInfo(path, st.st_size, _version(st))
+        return ObjectInfo(path, st.st_size, _version(st), st.st_mtime)
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
         out: dict[str, ObjectInfo] = {}
@@ -198,7 +341,7 @@ class LocalAdapter(Adapter):
                 if not _stat.S_ISREG(st.st_mode):
                     continue  # symlinks are never followed out of an entry
                 key = fn if rel == "." else f"{rel}/{fn}".replace(os.sep, "/")
-                out[key] = ObjectInfo(full, st.st_size, _version(st))
+                out[key] = ObjectInfo(full, st.st_size, _version(st), st.st_mtime)
         return out
 
     def exists(self, path: str) -> bool:
@@ -217,6 +360,47 @@ class LocalAdapter(Adapter):
                 f"{info.version}, found {found})", url=self.url(path), expected=info.version,
                 found=found)
         return f
+
+    # conditional writes --------------------------------------------------------------------
+    def supports_conditional(self, path: str) -> bool:
+        return _lock_problem(os.path.dirname(path) or ".") is None
+
+    @contextlib.contextmanager
+    def exclusive(self, path: str) -> Iterator[bool]:
+        with _cas_lock(path):
+            yield True
+
+    def _check_version(self, path: str, version: str) -> None:
+        found = _current_version(path)
+        if found != version:
+            url = self.url(path)
+            raise VersionMismatchError(
+                f"{url}: expected version {version}, found "
+                f"{found if found is not None else 'no object'}", url=url, expected=version,
+                found=found)
+
+    def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        with _cas_lock(path):
+            self._check_version(path, version)
+            return self.put(path, data, durable=False)
+
+    def delete_if(self, path: str, version: str) -> None:
+        with _cas_lock(path):
+            self._check_version(path, version)
+            os.unlink(path)
+
+    def prune(self, prefix: str) -> None:
+        root = prefix.rstrip("/")
+        if not os.path.isdir(root) or os.path.islink(root):
+            return
+        # rmdir only: it fails on a directory that holds anything, so a file another
+        # process creates meanwhile is never removed with it.
+        for dirpath, _, _ in os.walk(root, topdown=False):
+            try:
+                os.rmdir(dirpath)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT, errno.EEXIST):
+                    raise
 
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()

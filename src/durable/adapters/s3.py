@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime
 import io
 import logging
 import re
@@ -41,8 +42,16 @@ from botocore.exceptions import FlexibleChecksumError, IncompleteReadError, Resp
 from fsspec.asyn import sync
 
 from durable._checksum import Checksum, crc32c, crc_to_b64, crc_to_hex
-from durable._errors import IntegrityError
-from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo, VerifyLevel
+from durable._errors import IntegrityError, UnsupportedError
+from durable.adapters.base import (
+    Adapter,
+    AtomicFile,
+    Capabilities,
+    ObjectInfo,
+    Upload,
+    VerifyLevel,
+    VersionMismatchError,
+)
 
 __all__ = ["S3Adapter"]
 
@@ -134,17 +143,24 @@ class _EndpointCapabilities:
 
     def __get__(self, obj: S3Adapter | None, owner: type) -> Capabilities:
         enforced = None if obj is None else obj.create_only_known()
+        conditional = None if obj is None else obj.conditional_known()
         if enforced is False:
             return Capabilities(
                 atomic_objects=True, create_only=False, durable=True, pinned_reads=True,
                 note="this endpoint ignores If-None-Match (probed): create-only is a HEAD "
-                     "before the write, which two racing writers can both pass")
+                     "before the write, which two racing writers can both pass",
+                conditional_writes=conditional is not False)
         note = ("PutObject or a multipart upload completed at commit; CRC32C sent per part "
                 "and per object; reads pinned by If-Match")
         if enforced is None:
             note += "; If-None-Match is probed on the endpoint at the first create-only write"
+        if conditional is False:
+            note += "; this endpoint ignores If-Match on PUT/DELETE (probed): no leases"
+        else:
+            note += "; conditional writes by If-Match on PUT and DELETE"
         return Capabilities(atomic_objects=True, create_only=True, durable=True,
-                            pinned_reads=True, note=note)
+                            pinned_reads=True, note=note,
+                            conditional_writes=conditional is not False)
 
 
 class S3Adapter(Adapter):
@@ -161,6 +177,8 @@ class S3Adapter(Adapter):
 
     # Endpoint URL -> whether it enforces If-None-Match; shared by every adapter.
     _create_only_by_endpoint: ClassVar[dict[str, bool]] = {}
+    # Endpoint URL -> whether it enforces If-Match on PutObject and DeleteObject.
+    _conditional_by_endpoint: ClassVar[dict[str, bool]] = {}
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, fs: Any, *, part_size: int = 8 * MiB, max_in_flight: int = 4,
@@ -234,6 +252,80 @@ class S3Adapter(Adapter):
             with contextlib.suppress(OSError):
                 self._call("delete_object", url, "DELETE", Bucket=bucket, Key=probe)
 
+    # conditional writes (leases) -----------------------------------------------------------
+    def conditional_known(self) -> bool | None:
+        """Whether this endpoint enforces If-Match on PUT and DELETE, if it was probed yet."""
+        return self._conditional_by_endpoint.get(self._endpoint())
+
+    def supports_conditional(self, path: str) -> bool:
+        """Probed once per endpoint, next to ``path``: a store that ignored If-Match would
+        let two writers both replace one lease version (a silent race)."""
+        endpoint = self._endpoint()
+        known = self._conditional_by_endpoint.get(endpoint)
+        if known is None:
+            with self._probe_lock:
+                known = self._conditional_by_endpoint.get(endpoint)
+                if known is None:
+                    known = self._probe_conditional(path)
+                    self._conditional_by_endpoint[endpoint] = known
+        return known
+
+    def _probe_conditional(self, path: str) -> bool:
+        bucket, key = self._split(path)
+        parent = key.rpartition("/")[0]
+        probe = f"{parent}/.durable-probe-{uuid.uuid4().hex}".lstrip("/")
+        url = self.url(f"{bucket}/{probe}")
+        wrong = '"' + "0" * 32 + '"'
+        try:
+            self._call("put_object", url, "conditional probe PUT", Bucket=bucket, Key=probe,
+                       Body=b"durable conditional probe")
+            for method, extra in (("put_object", {"Body": b"x"}), ("delete_object", {})):
+                try:
+                    sync(self.fs.loop, self.fs._call_s3, method, Bucket=bucket, Key=probe,
+                         IfMatch=wrong, **extra)
+                except Exception as exc:
+                    if _error_fields(exc)[0] != 412:
+                        raise _failure(exc, url, f"conditional probe {method}") from exc
+                    continue
+                log.warning("%s: the endpoint ignores If-Match on %s: no leases here",
+                            self._endpoint(), method)
+                return False
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                self._call("delete_object", url, "DELETE", Bucket=bucket, Key=probe)
+
+    def _conditional(self, method: str, path: str, version: str, **kwargs: Any) -> Any:
+        if not self.supports_conditional(path):
+            raise UnsupportedError(f"{self.url(path)}: this endpoint ignores If-Match "
+                                   "(probed), so conditional writes cannot be enforced")
+        bucket, key = self._split(path)
+        url = self.url(path)
+        try:
+            return sync(self.fs.loop, self.fs._call_s3, method, Bucket=bucket, Key=key,
+                        IfMatch=version, **kwargs)
+        except Exception as exc:
+            status, code, _ = _error_fields(exc)
+            # 412: another version; 404: gone; 409 ConditionalRequestConflict: a racing
+            # conditional write won. A retry of our own request that had landed also
+            # answers 412: a false "lost", never a false "won".
+            if status in (404, 409, 412):
+                raise VersionMismatchError(
+                    f"{url}: {method} If-Match {version} answered HTTP {status} {code}",
+                    url=url, expected=version, found=None) from exc
+            raise _failure(exc, url, f"conditional {method}") from exc
+
+    def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        resp = self._conditional("put_object", path, version, Body=data,
+                                 ChecksumAlgorithm="CRC32C",
+                                 ChecksumCRC32C=crc_to_b64(crc32c(data)))
+        self.fs.invalidate_cache(path)
+        return ObjectInfo(path, len(data), _etag(resp.get("ETag"), self.url(path)))
+
+    def delete_if(self, path: str, version: str) -> None:
+        self._conditional("delete_object", path, version)
+        self.fs.invalidate_cache(path)
+
     # writing ------------------------------------------------------------------------------
     def open_atomic(self, path: str, *, create_only: bool = False,
                     durable: bool = True) -> AtomicFile:
@@ -251,7 +343,8 @@ class S3Adapter(Adapter):
             resp = self._call("head_object", url, "HEAD", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return None
-        return ObjectInfo(path, int(resp["ContentLength"]), _etag(resp.get("ETag"), url))
+        return ObjectInfo(path, int(resp["ContentLength"]), _etag(resp.get("ETag"), url),
+                          _timestamp(resp.get("LastModified")))
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
         # A console "folder" (an empty object named "dir/") is not data.
@@ -268,7 +361,8 @@ class S3Adapter(Adapter):
             for obj in resp.get("Contents", []):
                 path = f"{bucket}/{obj['Key']}"
                 out[obj["Key"][len(start):]] = ObjectInfo(
-                    path, int(obj["Size"]), _etag(obj.get("ETag"), self.url(path)))
+                    path, int(obj["Size"]), _etag(obj.get("ETag"), self.url(path)),
+                    _timestamp(obj.get("LastModified")))
             if not resp.get("IsTruncated"):
                 return dict(sorted(out.items()))
             token = resp.get("NextContinuationToken")
@@ -411,6 +505,37 @@ class S3Adapter(Adapter):
                              "metadata says (whole parts lost?)", url=url, expected=info.size,
                              found=f"nothing at byte {offset}")
 
+    # uploads left open -------------------------------------------------------------------
+    def list_uploads(self, prefix: str) -> Sequence[Upload]:
+        """Multipart uploads below ``prefix`` never completed nor aborted (ListMultipartUploads):
+        each holds its parts' storage until aborted."""
+        bucket, key = self._split(prefix)
+        start = key.rstrip("/") + "/" if key else ""
+        out: list[Upload] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
+        while True:
+            resp = self._call("list_multipart_uploads", self.url(prefix), "ListMultipartUploads",
+                              **kwargs)
+            for up in resp.get("Uploads", []):
+                out.append(Upload(f"{bucket}/{up['Key']}", str(up["UploadId"]),
+                                  _timestamp(up.get("Initiated")), up.get("ChecksumAlgorithm")))
+            if not resp.get("IsTruncated"):
+                return out
+            # Without both markers the rest is unreachable: never return a part as the whole.
+            if not resp.get("NextKeyMarker") or not resp.get("NextUploadIdMarker"):
+                raise OSError(f"{self.url(prefix)}: truncated ListMultipartUploads without "
+                              "its next markers")
+            kwargs["KeyMarker"] = resp["NextKeyMarker"]
+            kwargs["UploadIdMarker"] = resp["NextUploadIdMarker"]
+
+    def abort_upload(self, upload: Upload) -> None:
+        bucket, key = self._split(upload.path)
+        # NoSuchUpload (404): completed or aborted by someone else since it was listed.
+        with contextlib.suppress(FileNotFoundError):
+            self._call("abort_multipart_upload", self.url(upload.path),
+                       f"AbortMultipartUpload {upload.upload_id}", Bucket=bucket, Key=key,
+                       UploadId=upload.upload_id)
+
     # removing -----------------------------------------------------------------------------
     def delete(self, paths: Iterable[str]) -> None:
         by_bucket: dict[str, list[str]] = {}
@@ -436,6 +561,10 @@ class S3Adapter(Adapter):
         if not self._split(prefix)[1].strip("/"):
             raise ValueError(f"{self.url(prefix)}: refusing to delete a whole bucket")
         self.delete([prefix.rstrip("/"), *(i.path for i in self._list(prefix).values())])
+
+
+def _timestamp(value: object) -> float | None:
+    return value.timestamp() if isinstance(value, datetime.datetime) else None
 
 
 def _check_response(resp: dict[str, Any], url: str, info: ObjectInfo, start: int,
@@ -580,6 +709,10 @@ class _S3AtomicFile(AtomicFile):
         self._bucket, self._key = adapter._split(path)
         self._create_only = create_only
         self._head_check = create_only and head_check
+        # Names this write in the object's metadata: a create-only request refused (412)
+        # by an object carrying it was refused by this very write, landed by an earlier
+        # attempt whose answer was lost (see `_landed`).
+        self._token = {"durable-write": uuid.uuid4().hex} if create_only else None
         self._buf = bytearray()
         self._sent = 0  # bytes handed to parts
         self._upload_id: str | None = None
@@ -611,6 +744,8 @@ class _S3AtomicFile(AtomicFile):
         if self._upload_id is None:
             full = self._a.full_object_checksum
             extra: dict[str, Any] = {"ChecksumType": "FULL_OBJECT"} if full else {}
+            if self._token is not None:
+                extra["Metadata"] = self._token
             resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
                                  Bucket=self._bucket, Key=self._key, ChecksumAlgorithm="CRC32C",
                                  **extra)
@@ -641,11 +776,15 @@ class _S3AtomicFile(AtomicFile):
     def _commit(self) -> ObjectInfo:
         if self._upload_id is None:
             data, self._buf = bytes(self._buf), bytearray()
-            resp = self._a._call("put_object", self._url, "PutObject",
-                                 create_only=self._create_only, Bucket=self._bucket,
-                                 Key=self._key, Body=data, ChecksumAlgorithm="CRC32C",
-                                 ChecksumCRC32C=crc_to_b64(self.checksum.crc),
-                                 **self._conditions())
+            meta: dict[str, Any] = {} if self._token is None else {"Metadata": self._token}
+            try:
+                resp = self._a._call("put_object", self._url, "PutObject",
+                                     create_only=self._create_only, Bucket=self._bucket,
+                                     Key=self._key, Body=data, ChecksumAlgorithm="CRC32C",
+                                     ChecksumCRC32C=crc_to_b64(self.checksum.crc),
+                                     **meta, **self._conditions())
+            except FileExistsError as exc:
+                resp = self._landed(exc)
             if data:
                 self.checksum.part_ends = [(len(data) - 1, data[-1])]
         else:
@@ -658,10 +797,15 @@ class _S3AtomicFile(AtomicFile):
             if self._a.full_object_checksum:
                 extra = {"ChecksumType": "FULL_OBJECT", "MpuObjectSize": self.checksum.size,
                          "ChecksumCRC32C": crc_to_b64(self.checksum.crc)}
-            resp = self._a._call("complete_multipart_upload", self._url,
-                                 "CompleteMultipartUpload", create_only=self._create_only,
-                                 Bucket=self._bucket, Key=self._key, UploadId=self._upload_id,
-                                 MultipartUpload={"Parts": parts}, **extra, **self._conditions())
+            try:
+                resp = self._a._call("complete_multipart_upload", self._url,
+                                     "CompleteMultipartUpload", create_only=self._create_only,
+                                     Bucket=self._bucket, Key=self._key,
+                                     UploadId=self._upload_id, MultipartUpload={"Parts": parts},
+                                     **extra, **self._conditions())
+            except (FileExistsError, FileNotFoundError) as exc:
+                # A retried Complete whose first attempt landed: 412, or NoSuchUpload.
+                resp = self._landed(exc)
             self._upload_id = None
             m = _MULTIPART_ETAG.fullmatch(str(resp.get("ETag", "")))
             if m and int(m[1]) != len(parts):
@@ -678,6 +822,24 @@ class _S3AtomicFile(AtomicFile):
         with contextlib.suppress(IntegrityError):
             self.checksum.etag = _etag(resp.get("ETag"), self._url)
         return ObjectInfo(self.path, self.checksum.size, self.checksum.etag)
+
+    def _landed(self, refused: BaseException) -> dict[str, Any]:
+        """The HEAD of the target if this write put it there, else ``refused`` is raised.
+
+        A request whose answer was lost (a dropped connection) is sent again by the client;
+        if the first attempt landed, the store refuses the retry (412: the object exists;
+        NoSuchUpload: completed), and a writer that committed would be told it lost.
+        """
+        if self._token is None:
+            raise refused
+        try:
+            head = self._a._call("head_object", self._url, "HEAD after a refused create",
+                                 Bucket=self._bucket, Key=self._key)
+        except FileNotFoundError:
+            raise refused from None
+        if (head.get("Metadata") or {}).get("durable-write") != self._token["durable-write"]:
+            raise refused
+        return head
 
     def _abort(self) -> None:
         self._buf = bytearray()

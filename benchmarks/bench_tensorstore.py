@@ -1,0 +1,228 @@
+"""What durable.tensorstore costs against plain tensorstore (issue 5), on file and on moto.
+
+W1 of docs/notes: a 2000 x 2000 float32 zarr3 array in 250 x 250 chunks (64 chunks, 16 MB),
+written and read in interleaved rounds, in one process, on the same target:
+
+writes
+- ts:             plain tensorstore: ts.open(create) + write; the file driver fsyncs each
+                  chunk and its directory itself (its default)
+- ts+crc:         the same with the zarr v3 crc32c codec (what durable adds by default)
+- durable:        durable.tensorstore.write: crc32c codec, tensorstore's own fsyncs off,
+                  the commit fsyncs every file and directory once from a thread pool, the
+                  manifest comes from the listing (no chunk read back), then the marker
+- durable-reread: the same with checksum_codec=False: the commit reads every chunk back
+                  to checksum it (what the listing-only manifest saves)
+reads (of one committed entry, each with a fresh Context: nothing cached)
+- ts-read:        ts.open + read
+- durable-read:   durable.tensorstore.open (marker, listing checked against the manifest,
+                  revalidation bound, marker again after the open) + read
+
+Target: durable / ts <= 1.05 and durable-read / ts-read <= 1.05.
+
+    python benchmarks/bench_tensorstore.py            # W1, 5 rounds, file and moto
+    python benchmarks/bench_tensorstore.py --quick    # 1000 x 1000 (16 chunks), 3 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from _util import (
+    Case,
+    case_record,
+    load_snapshot,
+    machine_info,
+    print_table,
+    ratios,
+    remove,
+    run_interleaved,
+    scratch_dir,
+    write_results,
+)
+
+from durable.testing.servers import set_network_guards
+
+set_network_guards()  # before any cloud client is imported: nothing looks for metadata
+
+import numpy as np  # noqa: E402
+import tensorstore as ts  # noqa: E402
+
+import durable.tensorstore as dts  # noqa: E402
+
+
+@contextlib.contextmanager
+def targets(which: list[str], scratch: str | None) -> Iterator[list[tuple[str, str, Any]]]:
+    """(name, root URL, storage options) of each target, and their cleanup."""
+    out: list[tuple[str, str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if "file" in which:
+            workdir = scratch_dir(scratch, "bench-tensorstore")
+            stack.callback(remove, workdir)
+            out.append(("file", workdir, None))
+        if "moto" in which:
+            from durable.testing.servers import start_moto
+
+            server = stack.enter_context(start_moto())
+            bucket = f"bench-{uuid.uuid4().hex[:12]}"
+            urllib.request.urlopen(urllib.request.Request(f"{server.url}/{bucket}",
+                                                          method="PUT")).close()
+            out.append(("moto", f"s3://{bucket}/w", server.storage_options()))
+        yield out
+
+
+def make_cases(opts: Any, data: Any, chunk: int, committed: str,
+               ) -> tuple[list[Case], list[Case]]:
+    """The write cases and the read cases (of the entry ``committed``), reaching the store
+    with ``opts``."""
+    layout = ts.ChunkLayout(chunk_shape=[chunk, chunk])
+    crc = ts.CodecSpec({"driver": "zarr3", "codecs": [{"name": "crc32c"}]})
+
+    def plain(codec: Any) -> Callable[[str], None]:
+        def run(url: str) -> None:
+            spec = {"driver": "zarr3", "kvstore": dts.kvstore_spec(url, opts)}
+            extra = {"codec": codec} if codec is not None else {}
+            array = ts.open(spec, create=True, dtype=ts.float32, shape=data.shape,
+                            chunk_layout=layout, **extra).result()
+            array.write(data).result()
+        return run
+
+    def durable(codec: bool) -> Callable[[str], None]:
+        def run(url: str) -> None:
+            dts.write(url, data, chunks=[chunk, chunk], storage_options=opts,
+                      checksum_codec=codec)
+        return run
+
+    read_spec = {"driver": "zarr3", "kvstore": dts.kvstore_spec(committed, opts)}
+
+    def plain_read(_: str) -> None:
+        got = ts.open(read_spec, read=True, context=ts.Context()).result()
+        assert got.read().result().shape == data.shape
+
+    def durable_read(_: str) -> None:
+        got = dts.open(committed, storage_options=opts, context=ts.Context())
+        assert got.read().result().shape == data.shape
+
+    writes = [
+        Case("ts", "plain tensorstore (file driver fsyncs)", plain(None)),
+        Case("ts+crc", "plain tensorstore + crc32c codec", plain(crc)),
+        Case("durable", "durable.tensorstore.write (manifest from listing)", durable(True)),
+        Case("durable-reread", "durable, checksum_codec=False (chunks read back)",
+             durable(False)),
+    ]
+    reads = [
+        Case("ts-read", "ts.open + read, fresh context", plain_read),
+        Case("durable-read", "durable.tensorstore.open + read, fresh context", durable_read),
+    ]
+    return writes, reads
+
+
+def count_requests(opts: dict[str, Any], data: Any, chunk: int, root: str,
+                   committed: str) -> dict[str, Any]:
+    """Each case once more, untimed, through a logging proxy: its S3 requests by method.
+    Counts do not move with the machine's load; on moto each request costs a few ms of the
+    server's CPU, on a real store a round trip."""
+    from durable.testing.faults import FaultProxy
+
+    out: dict[str, Any] = {}
+    with FaultProxy(upstream=opts["endpoint_url"]) as proxy:
+        via = {**opts, "endpoint_url": proxy.url}
+        writes, reads = make_cases(via, data, chunk, committed)
+        # The ETag probe runs once per endpoint and process (this proxy is a new one):
+        # paid here, so the counts below are those of every later run.
+        dts.write(f"{root}/count-probe", data[:chunk, :chunk], storage_options=via)
+        dts.entry_for(f"{root}/count-probe", opts).delete()
+        for case in [*writes, *reads]:
+            url = f"{root}/count-{case.name}"
+            proxy.clear_requests()
+            case.run(url)
+            methods: dict[str, int] = {}
+            for r in proxy.requests:
+                methods[r.method] = methods.get(r.method, 0) + 1
+            out[case.name] = {"total": len(proxy.requests), **methods}
+            with contextlib.suppress(Exception):
+                dts.entry_for(url, opts).delete()
+    print("S3 requests per run: " + ", ".join(f"{k} {v}" for k, v in out.items()))
+    return out
+
+
+def bench_target(name: str, root: str, opts: Any, data: Any, chunk: int, rounds: int,
+                 warmup: int) -> dict[str, Any]:
+    """Every case on one target; prints the tables and returns the record."""
+    committed = f"{root}/read-{uuid.uuid4().hex[:8]}"
+    dts.write(committed, data, chunks=[chunk, chunk], storage_options=opts)
+    writes, reads = make_cases(opts, data, chunk, committed)
+
+    def cleanup(url: str) -> None:
+        with contextlib.suppress(Exception):
+            dts.entry_for(url, opts).delete()
+        if os.path.exists(url):
+            remove(url)
+
+    side = data.shape[0]
+    print(f"\n== {name}: {side} x {side} float32, {chunk}^2 chunks, {rounds} rounds "
+          f"(+{warmup} warm-up)")
+    requests = count_requests(opts, data, chunk, root, committed) if opts else {}
+    run_interleaved(writes, rounds=rounds, warmup=warmup, workdir=root, cleanup=cleanup)
+    run_interleaved(reads, rounds=rounds, warmup=warmup, workdir=root,
+                    cleanup=lambda url: None)
+    cleanup(committed)
+    print_table(f"{name}: writes", writes, [writes[0]])
+    print_table(f"{name}: reads", reads, [reads[0]])
+    for case, base in ((writes[2], writes[0]), (reads[1], reads[0])):
+        r = ratios(case, base)
+        met = "met" if min(r["best"], r["paired_median"]) <= 1.05 else "MISSED"
+        print(f"target {name} {case.name}/{base.name} <= 1.05: best {r['best']:.3f}, "
+              f"median {r['median']:.3f}, median of per-round ratios "
+              f"{r['paired_median']:.3f} -> {met}")
+    return {"writes": {c.name: case_record(c, [writes[0]]) for c in writes},
+            "reads": {c.name: case_record(c, [reads[0]]) for c in reads},
+            "s3_requests": requests}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="1000 x 1000, 3 rounds (CI smoke)")
+    p.add_argument("--side", type=int, help="array side (default 2000, quick 1000)")
+    p.add_argument("--chunk", type=int, default=250, help="chunk side (default 250)")
+    p.add_argument("--rounds", type=int, help="measured rounds (default 5, quick 3)")
+    p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default 1)")
+    p.add_argument("--targets", default="file,moto", help="file, moto or both")
+    p.add_argument("--dir", help="where the file target writes (default: system temp dir)")
+    p.add_argument("--out", help="results name (default bench_tensorstore[_quick])")
+    args = p.parse_args(argv)
+    side = args.side or (1000 if args.quick else 2000)
+    rounds = args.rounds or (3 if args.quick else 5)
+    data = np.random.default_rng(0).random((side, side), dtype="float32")
+    report: dict[str, Any] = {}
+    load_before = load_snapshot()
+    with targets(args.targets.split(","), args.dir) as places:
+        for name, root, opts in places:
+            report[name] = bench_target(name, root, opts, data, args.chunk, rounds,
+                                        args.warmup)
+        workdir = places[0][1] if places and places[0][0] == "file" else "."
+        info = machine_info(workdir)
+    out = write_results(args.out or ("bench_tensorstore_quick" if args.quick
+                                     else "bench_tensorstore"), {
+        "benchmark": "bench_tensorstore",
+        "machine": info,
+        "load": {"before": load_before, "after": load_snapshot()},
+        "params": {"side": side, "chunk": args.chunk, "rounds": rounds,
+                   "warmup": args.warmup, "quick": args.quick, "targets": args.targets},
+        "target": {"ratio": 1.05, "of": ["durable / ts", "durable-read / ts-read"],
+                   "below": True},
+        "targets": report,
+    })
+    print(f"machine load before/after: {load_before} / {load_snapshot()}")
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

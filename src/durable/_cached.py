@@ -1,0 +1,381 @@
+"""`durable.cached`: a function's results kept as entries, computed once across processes.
+
+Each call maps to one entry, ``ROOT/<module.function>/v<version>/<args>-<hash>``: the
+arguments, bound to the signature with defaults applied, are normalised to canonical JSON;
+the hash is of that JSON, the function's name and the version; the readable part shows the
+short scalar arguments, so `durable scan ROOT` lists entries a person can tell apart. The
+entry holds ``value.<serializer>`` and ``key.json`` (the canonical arguments, for
+inspection). How each state of the entry is met:
+
+- COMPLETE: the value is read back verified and returned. A corrupt or changed result is
+  an IntegrityError, never a silent recompute (joblib recomputes over load errors).
+- ABSENT: take the writer lease (create-only), compute, write, commit under the lease,
+  release; the value is then read back from the entry, so the first caller gets what
+  every later caller gets.
+- INCOMPLETE, by ``on_incomplete``:
+  ``"raise"`` (default): IncompleteExistsError naming the entry, the lease holder if any,
+  and how to resolve it (incident 001: a leftover stops the run until resolved).
+  ``"wait"``: poll with backoff while a live writer holds the lease, until COMPLETE (or
+  ``timeout``); an abandoned entry (no lease, or a stale one) raises.
+  ``"takeover"``: as ``"wait"``, but an abandoned entry is recomputed under a lease taken
+  over conditionally: never a live writer's.
+- Another process commits first while this one computes: its result is returned.
+
+cachier's "in progress" flag, left set forever by a killed process, is what the lease's
+staleness replaces: a dead writer's lease stops being renewed, and waiters see that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import enum
+import functools
+import hashlib
+import inspect
+import itertools
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from pathlib import PurePath
+from typing import Any, Generic, Literal, ParamSpec, TypeVar
+
+from durable._entry import Entry
+from durable._errors import AlreadyCompleteError, IncompleteExistsError
+from durable._lease import Lease, LeaseView, LeaseWatch, describe
+from durable._protocol import Marker, State
+from durable._serializers import choose, load_value
+from durable.adapters import resolve
+
+__all__ = ["CachedFunction", "cached"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+OnIncomplete = Literal["raise", "wait", "takeover"]
+
+_FIRST_POLL = 0.05
+_MAX_POLL = 2.0
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
+_MAX_NAME = 96
+
+
+def cached(root: str, *, version: str | int = 1, key: Callable[..., Any] | None = None,
+           on_incomplete: OnIncomplete = "raise", timeout: float | None = None,
+           serializer: str | None = None, pickle: bool = False,
+           storage_options: dict[str, Any] | None = None,
+           stale_after: float = 30.0) -> Callable[[Callable[P, R]], CachedFunction[P, R]]:
+    """Cache a function's results as entries under ``root`` (a path or URL).
+
+    ``version``: part of every key; change it when the function's results change.
+    ``key``: called with the function's arguments, its return value replaces them as the
+    key (for arguments that cannot be keyed, or should not be).
+    ``on_incomplete``: "raise", "wait" or "takeover" (see the module docstring);
+    ``timeout``: how long "wait"/"takeover" wait for a live writer (None: as long as it
+    lives). ``serializer``: a serializer's name, instead of choosing by type.
+    ``pickle=True`` allows pickling results no serializer takes (and loading them).
+    ``stale_after``: seconds a lease may go unrenewed before waiters call its writer dead
+    (it renews every fifth of that).
+    """
+    if on_incomplete not in ("raise", "wait", "takeover"):
+        raise ValueError(f"on_incomplete must be 'raise', 'wait' or 'takeover', "
+                         f"got {on_incomplete!r}")
+
+    def decorate(func: Callable[P, R]) -> CachedFunction[P, R]:
+        return CachedFunction(func, root, version=version, key=key,
+                              on_incomplete=on_incomplete, timeout=timeout,
+                              serializer=serializer, pickle=pickle,
+                              storage_options=storage_options, stale_after=stale_after)
+
+    return decorate
+
+
+class CachedFunction(Generic[P, R]):
+    """What `cached` returns: call it like the function; ``entry``, ``state``, ``clear``
+    and ``recompute`` take the same arguments."""
+
+    def __init__(self, func: Callable[P, R], root: str, *, version: str | int,
+                 key: Callable[..., Any] | None, on_incomplete: OnIncomplete,
+                 timeout: float | None, serializer: str | None, pickle: bool,
+                 storage_options: dict[str, Any] | None, stale_after: float) -> None:
+        functools.update_wrapper(self, func)
+        self.__wrapped__ = func
+        self._func = func
+        self._signature = inspect.signature(func)
+        self._key = key
+        self.on_incomplete = on_incomplete
+        self.timeout = timeout
+        self._serializer = serializer
+        self._pickle = pickle
+        self._storage_options = dict(storage_options or {})
+        self._stale_after = stale_after
+        self._adapter, root_path = resolve(root, storage_options)
+        self._version = _safe(str(version))
+        if not self._version:
+            raise ValueError(f"version {version!r} has nothing that can go in a path")
+        self._function = f"{func.__module__}.{func.__qualname__}"
+        self._name = getattr(func, "__name__", "function")
+        self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{self._version}"
+
+    def __repr__(self) -> str:
+        return f"<durable.cached {self._function} at {self._adapter.url(self._prefix)}>"
+
+    # the entry of a call -----------------------------------------------------------------
+    def _key_doc(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._key is not None:
+            return _canonical(self._key(*args, **kwargs), "the key function's result")
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return {name: _canonical(value, f"argument {name!r}")
+                for name, value in bound.arguments.items()}
+
+    def _locate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Entry, Any, str]:
+        """The call's entry, its canonical key document and that document's hash."""
+        doc = self._key_doc(args, kwargs)
+        digest = hashlib.sha256(_dumps([self._function, self._version, doc])).hexdigest()
+        readable = _readable(doc)
+        name = f"{readable}-{digest[:16]}" if readable else digest[:16]
+        entry = Entry(f"{self._prefix}/{name}", adapter=self._adapter)
+        entry.storage_options = dict(self._storage_options)
+        return entry, doc, digest
+
+    def _key_json(self, doc: Any, digest: str) -> bytes:
+        return _dumps({"function": self._function, "version": self._version, "key": doc,
+                       "sha256": digest}, indent=True)
+
+    def entry(self, *args: P.args, **kwargs: P.kwargs) -> Entry:
+        """The entry that holds (or will hold) the result for these arguments."""
+        return self._locate(args, kwargs)[0]
+
+    def state(self, *args: P.args, **kwargs: P.kwargs) -> State:
+        return self.entry(*args, **kwargs).state()
+
+    def clear(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Remove the entry for these arguments. A writer at work on it loses its lease
+        (its record is removed with the rest) and so never commits."""
+        self.entry(*args, **kwargs).delete()
+
+    def recompute(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Compute again and replace the stored result (IncompleteExistsError if another
+        writer holds the entry's lease)."""
+        return self._run(args, kwargs, force=True)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._run(args, kwargs, force=False)
+
+    # the states --------------------------------------------------------------------------
+    def _lease(self, entry: Entry) -> Lease:
+        return Lease(entry, heartbeat=self._stale_after / 5, stale_after=self._stale_after)
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], force: bool) -> R:
+        entry, doc, digest = self._locate(args, kwargs)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        watch = LeaseWatch(entry, stale_after=self._stale_after)
+        while True:
+            if not force:
+                marker = entry.read_marker()
+                if marker is not None:
+                    return self._load(entry, marker)
+            lease = self._lease(entry)
+            if lease.try_acquire():
+                with lease:
+                    return self._compute(entry, self._key_json(doc, digest), lease, args,
+                                         kwargs, force)
+            if force:
+                raise IncompleteExistsError(
+                    f"{entry.url}: not recomputed: another writer holds its lease "
+                    f"({describe(watch.peek())})", url=entry.url)
+            # Another writer holds the lease: at work, or dead (stale).
+            view = self._wait(entry, watch, deadline)
+            if view is None:
+                continue  # released: committed, or failed and cleaned up; look again
+            taker = self._lease(entry)
+            try:
+                taker.take_over(view)
+            except IncompleteExistsError:
+                continue  # renewed, or another waiter took it: look again
+            with taker:
+                return self._compute(entry, self._key_json(doc, digest), taker, args, kwargs,
+                                     True)
+
+    def _wait(self, entry: Entry, watch: LeaseWatch, deadline: float | None) -> LeaseView | None:
+        """Watch another writer's lease: None once it is gone (or the entry committed), the
+        stale view for "takeover"; IncompleteExistsError for "raise", for an abandoned
+        entry under "wait", and at the deadline."""
+        pause = _FIRST_POLL
+        for polls in itertools.count(1):
+            view = watch.poll()  # one stat per poll
+            if view is None:
+                return None
+            # Now and then, and before any verdict: a writer may have committed and still
+            # hold its lease (or have died before releasing it).
+            verdict = (self.on_incomplete == "raise" or view.stale
+                       or (deadline is not None and time.monotonic() >= deadline))
+            if (verdict or polls % 8 == 0) and entry.read_marker() is not None:
+                return None
+            if self.on_incomplete == "raise":
+                raise IncompleteExistsError(self._held(entry, watch.peek(), view.stale_after),
+                                            url=entry.url)
+            if view.stale:
+                if self.on_incomplete == "wait":
+                    raise IncompleteExistsError(self._abandoned(entry, view), url=entry.url)
+                return view
+            if deadline is not None and time.monotonic() >= deadline:
+                raise IncompleteExistsError(
+                    f"{entry.url}: still INCOMPLETE after waiting {self.timeout} s; its "
+                    f"writer's lease is live ({describe(watch.peek())})", url=entry.url)
+            left = math.inf if deadline is None else deadline - time.monotonic()
+            time.sleep(max(0.0, min(pause, left)))
+            pause = min(pause * 2, _MAX_POLL, self._stale_after / 4)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _compute(self, entry: Entry, key_json: bytes, lease: Lease, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], overwrite: bool) -> R:
+        """Under the held lease: compute, write and commit; the result read back."""
+        try:
+            return self._write(entry, key_json, lease, args, kwargs, overwrite)
+        except _Leftover as left:
+            # Leftovers and no lease: a killed writer's whose lease was removed, or one
+            # that took none. Abandoned either way.
+            if self.on_incomplete != "takeover":
+                raise IncompleteExistsError(
+                    f"{entry.url} is INCOMPLETE ({left.reason}) and no writer holds its "
+                    "lease: a killed writer's leftover, or a writer that takes no lease. "
+                    "Pass on_incomplete='takeover' to recompute it, or remove it with "
+                    f"{self._name}.clear(...) (`durable clean`) once nothing writes it",
+                    url=entry.url) from None
+            return self._write(entry, key_json, lease, args, kwargs, True)
+
+    def _write(self, entry: Entry, key_json: bytes, lease: Lease, args: tuple[Any, ...],
+               kwargs: dict[str, Any], overwrite: bool) -> R:
+        with contextlib.ExitStack() as stack:
+            # The state is checked before computing: a leftover stops the run first.
+            try:
+                # unrecorded="error": an object this writer did not write (a late write of
+                # a writer that lost the lease) stops the commit instead of joining it.
+                w = stack.enter_context(entry.writing(lease=lease, overwrite=overwrite,
+                                                      unrecorded="error"))
+            except AlreadyCompleteError:
+                return self._load(entry)  # committed between our look and our lease
+            except IncompleteExistsError:
+                raise _Leftover(entry._status(leased=True).reason) from None
+            value = self._func(*args, **kwargs)
+            # A computation longer than stale_after, or a pause, may have lost the lease:
+            # find out before writing anything.
+            lease.check()
+            ser = choose(value, name=self._serializer, allow_pickle=self._pickle)
+            ser.dump(value, w, f"value.{ser.name}")
+            w.write_bytes("key.json", key_json)
+            # The commit; AlreadyCompleteError: another writer committed first, and its
+            # result is as good as ours.
+            with contextlib.suppress(AlreadyCompleteError):
+                stack.close()
+        return self._load(entry)
+
+    def _load(self, entry: Entry, marker: Marker | None = None) -> R:
+        marker = marker or entry.read_marker()
+        if marker is None:
+            raise IncompleteExistsError(f"{entry.url}: its commit marker went away while it "
+                                        "was being read (cleared meanwhile?)", url=entry.url)
+        value: R = load_value(entry, marker, allow_pickle=self._pickle)
+        return value
+
+    # messages ----------------------------------------------------------------------------
+    def _held(self, entry: Entry, holder: Mapping[str, Any] | None, stale_after: float) -> str:
+        return (f"{entry.url} is INCOMPLETE: a writer holds its lease ({describe(holder)})"
+                f"; it is at work, or dead if the lease goes unrenewed for "
+                f"{stale_after:g} s. Pass on_incomplete='wait' to wait for its result, "
+                "'takeover' to also recompute it if it proves abandoned, or remove it with "
+                f"{self._name}.clear(...) (`durable clean`) once nothing writes it")
+
+    def _abandoned(self, entry: Entry, view: LeaseView) -> str:
+        return (f"{entry.url} is INCOMPLETE and abandoned: its writer's lease "
+                f"({describe(view.holder)}) was not renewed for {view.unchanged_for:.1f} s "
+                f"as watched from here (stale after {view.stale_after:g} s). Pass "
+                "on_incomplete='takeover' to recompute it, or remove it with "
+                f"{self._name}.clear(...) (`durable clean`)")
+
+
+class _Leftover(Exception):
+    """Entry.writing() found the entry INCOMPLETE although no other writer holds the lease."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# keys --------------------------------------------------------------------------------------
+def _dumps(doc: Any, indent: bool = False) -> bytes:
+    return json.dumps(doc, sort_keys=True, ensure_ascii=False, allow_nan=False,
+                      indent=1 if indent else None,
+                      separators=None if indent else (",", ":")).encode()
+
+
+def _safe(text: str) -> str:
+    return _UNSAFE.sub("_", text).strip(".")[:_MAX_NAME]
+
+
+def _readable(doc: Any) -> str:
+    """The short scalar arguments as ``a=1,b=foo``: a hint for people, the hash decides."""
+    items = doc.items() if isinstance(doc, dict) else [("", doc)]
+    parts = []
+    for name, value in items:
+        if isinstance(value, bool | int | float | str) or value is None:
+            text = _safe(str(value))[:24]
+            parts.append(f"{_safe(name)}={text}" if name else text)
+    return ",".join(parts)[:_MAX_NAME].rstrip(",=")
+
+
+def _canonical(value: Any, where: str, depth: int = 0) -> Any:
+    """``value`` as plain JSON that is the same for equal arguments in every process.
+
+    Anything else raises TypeError: a key from ``repr`` could differ between processes
+    (ids) or be equal for different values, and either is a wrong cache hit or a miss.
+    """
+    if depth > 50:
+        raise TypeError(f"{where}: nested too deep to make a cache key of")
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, enum.Enum):
+        cls = type(value)
+        return {"enum": f"{cls.__module__}.{cls.__qualname__}",
+                "value": _canonical(value.value, where, depth + 1)}
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, list | tuple):
+        return [_canonical(v, where, depth + 1) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{where}: a dict with keys other than str cannot be a cache key")
+        return {k: _canonical(v, where, depth + 1) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        items = [_canonical(v, where, depth + 1) for v in value]
+        return {"set": sorted(items, key=lambda v: _dumps(v))}
+    if isinstance(value, bytes | bytearray):
+        return {"bytes": hashlib.sha256(value).hexdigest()}
+    if isinstance(value, PurePath):
+        return os.fspath(value)
+    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
+        return {type(value).__name__: value.isoformat()}
+    ndarray = _numpy_type("ndarray")
+    if ndarray is not None and isinstance(value, ndarray) and value.dtype.kind != "O":
+        data = value.tobytes(order="C")
+        return {"ndarray": {"dtype": value.dtype.str, "shape": list(value.shape),
+                            "sha256": hashlib.sha256(data).hexdigest()}}
+    generic = _numpy_type("generic")
+    if generic is not None and isinstance(value, generic):
+        return _canonical(value.item(), where, depth + 1)
+    raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
+                    "cannot be made into a cache key; pass key= to cached (a function of "
+                    "the same arguments returning what identifies the result)")
+
+
+def _numpy_type(name: str) -> Any:
+    import sys
+
+    numpy = sys.modules.get("numpy")
+    return getattr(numpy, name, None) if numpy is not None else None

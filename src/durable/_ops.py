@@ -1,0 +1,578 @@
+"""The jobs behind ``durable verify ROOT``, ``durable mark-complete`` and ``durable clean``.
+
+Each starts from one `Survey` of the root (one listing, see `durable._scan`), so what it
+asks of the store grows with entries and listing pages, not with objects, except where it
+must read data (a deep verify, an adoption).
+
+- `verify_root`: every entry with a marker under a root against its manifest, the objects
+  of all entries checked in one thread pool.
+- `mark_complete_root`: give unmarked data (written before durable) a commit marker. It
+  TRUSTS what it adopts: whole or not, the bytes there now become the committed entry
+  (incident 001's push plan: run it only while nothing writes the root).
+- `plan_clean` / `apply_clean`: find, then remove, what dead durable writers left behind.
+  An entry with a commit marker is never a candidate, and each candidate's state is checked
+  again, marker first, right before anything of it is removed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from durable._checksum import crc_to_hex
+from durable._entry import Entry, Problem, VerifyReport, read_object_checksum
+from durable._errors import (
+    AlreadyCompleteError,
+    DurableError,
+    IncompleteError,
+    IncompleteExistsError,
+)
+from durable._protocol import RECORDS_DIR, Marker, ObjectRecord
+from durable._scan import (
+    LEASE_NAME,
+    EntryFound,
+    LeaseSeen,
+    Survey,
+    entry_age,
+    read_records,
+)
+from durable.adapters import ObjectInfo
+from durable.adapters.base import Upload
+
+__all__ = ["TRUST", "AdoptReport", "Adoption", "CleanItem", "CleanReport", "RootVerifyReport",
+           "Skipped", "Ticker", "apply_clean", "fmt_age", "mark_complete_root", "plan_clean",
+           "verify_root"]
+
+#: (what is being done, done, total or None)
+Ticker = Callable[[str, int, int | None], None]
+
+_WORKERS = 16
+#: Said by mark-complete in its help and its output, every time.
+TRUST = ("mark-complete TRUSTS what it adopts: each entry is recorded as whole exactly as "
+         "it is now, and a partial one becomes COMPLETE. Run it only while nothing writes "
+         "under the root (stop every writer first), and delete any entry you doubt.")
+#: How durable starts every multipart upload (durable.adapters.s3): recognisably ours.
+DURABLE_UPLOAD_CHECKSUM = "CRC32C"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry (or file, or upload) a job looked at and left alone, and why."""
+
+    url: str
+    reason: str
+
+
+def _tick(progress: Ticker | None, what: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(what, done, total)
+
+
+def _holders(sv: Survey) -> set[str]:
+    """Entries that hold other entries inside their data."""
+    out: set[str] = set()
+    for key in sv.entries:
+        parts = key.split("/") if key else []
+        out.update("/".join(parts[:i]) for i in range(len(parts)))
+    return out
+
+
+def _committed_owner(sv: Survey, key: str) -> str | None:
+    """A marked entry other than ``key`` whose data or records hold ``key``."""
+    for owner in sv.owners(key):
+        if owner != key and sv.entries[owner].marker is not None:
+            return owner
+    return None
+
+
+# verify ---------------------------------------------------------------------------------
+@dataclass
+class RootVerifyReport:
+    root: str
+    deep: bool
+    reports: list[VerifyReport]
+    """One per entry with a marker, sorted by URL."""
+    not_verified: list[Skipped]
+    """Entries without a marker: nothing to verify them against."""
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.reports)
+
+
+def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
+                progress: Ticker | None = None) -> RootVerifyReport:
+    """Check every entry with a marker under the surveyed root against its manifest.
+
+    Sizes come from the survey's listing (no request per object); with ``deep`` every
+    object is read and its CRC32C compared, all entries' objects in one pool. An unreadable
+    marker is a problem of its entry ("unreadable"), never a reason to stop.
+    """
+    marked = sorted(k for k, f in sv.entries.items() if f.marker is not None)
+    records = read_records(sv, marked, workers=workers,
+                           progress=_tick(progress, "reading markers"))
+    reports: list[VerifyReport] = []
+    to_read: list[tuple[VerifyReport, str, ObjectInfo, ObjectRecord]] = []
+    for key in marked:
+        report = VerifyReport(sv.url(key), deep)
+        reports.append(report)
+        marker = records[key].marker
+        if not isinstance(marker, Marker):
+            where = sv.adapter.url(sv.layout(key).marker)
+            report.problems.append(Problem("", where, "unreadable",
+                                           found=marker or "gone since it was listed"))
+            continue
+        to_read += [(report, *item) for item in _compare(sv, key, marker, report)]
+
+    def check(item: tuple[VerifyReport, str, ObjectInfo, ObjectRecord]) -> Problem | None:
+        _, key, info, rec = item
+        url = sv.adapter.url(info.path)
+        try:
+            ck = read_object_checksum(sv.adapter, info.path, info)
+        except (OSError, DurableError) as exc:
+            return Problem(key, url, "unreadable", found=str(exc))
+        if ck.size != rec.size:
+            return Problem(key, url, "size", rec.size, ck.size)
+        if ck.crc != rec.crc32c:
+            return Problem(key, url, "crc32c", crc_to_hex(rec.crc32c), crc_to_hex(ck.crc))
+        return None
+
+    if to_read:
+        with ThreadPoolExecutor(max(1, min(workers, len(to_read)))) as pool:
+            for n, (item, problem) in enumerate(zip(to_read, pool.map(check, to_read),
+                                                    strict=True), 1):
+                item[0].bytes_checked += item[3].size
+                if problem is not None:
+                    item[0].problems.append(problem)
+                if progress is not None:
+                    progress("reading objects", n, len(to_read))
+    for r in reports:
+        # Same order as Entry.verify: the manifest's objects by key, then the unexpected.
+        r.problems.sort(key=lambda p: (p.issue == "unexpected", p.key))
+    not_verified = [Skipped(sv.url(k), _no_marker_reason(f))
+                    for k, f in sorted(sv.entries.items()) if f.marker is None]
+    return RootVerifyReport(sv.adapter.url(sv.path), deep, reports, not_verified)
+
+
+def _compare(sv: Survey, key: str, marker: Marker,
+             report: VerifyReport) -> list[tuple[str, ObjectInfo, ObjectRecord]]:
+    """Entry.verify's size checks, from the survey's listing; the objects left to read."""
+    assert marker.manifest is not None
+    layout = sv.layout(key)
+    if marker.kind == "object":
+        single = sv.listing.get(key)
+        listing = {"": single} if single is not None else {}
+    else:
+        listing = sv.data(key)
+    to_read = []
+    for k, rec in sorted(marker.manifest.objects.items()):
+        url = sv.adapter.url(layout.object_path(k, marker.kind))
+        report.objects += 1
+        found = listing.get(k)
+        if found is None:
+            report.problems.append(Problem(k, url, "missing", expected=rec.size))
+        elif found.size != rec.size:
+            report.problems.append(Problem(k, url, "size", rec.size, found.size))
+        elif report.deep:
+            to_read.append((k, found, rec))
+    for k in sorted(set(listing) - set(marker.manifest.objects)):
+        report.problems.append(Problem(k, sv.adapter.url(listing[k].path), "unexpected",
+                                       found=listing[k].size))
+    return to_read
+
+
+def _no_marker_reason(f: EntryFound) -> str:
+    if f.attempts:
+        return (f"no commit marker: a durable writer started and has not committed "
+                f"(attempt records: {len(f.attempts)})")
+    if f.records:
+        return "no commit marker (durable records without one)"
+    return "no commit marker: data written without durable (mark-complete adopts it)"
+
+
+# mark-complete --------------------------------------------------------------------------
+AdoptStatus = Literal["planned", "adopted", "skipped", "failed"]
+
+
+@dataclass
+class Adoption:
+    url: str
+    status: AdoptStatus
+    reason: str
+    objects: int
+    size: int
+    key: str = field(default="", repr=False)
+
+
+@dataclass
+class AdoptReport:
+    root: str
+    apply: bool
+    adoptions: list[Adoption]
+    """Unmarked entries with no durable records: what was (or would be) adopted."""
+    skipped: list[Skipped]
+    """Unmarked entries left alone, and why."""
+    marked: int
+    """Entries that have a commit marker: never touched."""
+
+
+def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
+                       progress: Ticker | None = None) -> AdoptReport:
+    """Adopt every unmarked entry under the surveyed root that no durable writer touched.
+
+    Candidates come from the listing alone: entries with no marker and no records at all
+    (no attempt record, no lease, nothing in ``.durable/NAME/``). Each is adopted with
+    `Entry.mark_complete`, which reads every object to record its CRC32C. Dry run unless
+    ``apply``. Idempotent: an adopted entry has a marker, and is no candidate the next time.
+    See `TRUST`.
+    """
+    adoptions: list[Adoption] = []
+    skipped: list[Skipped] = []
+    marked = 0
+    for key, f in sorted(sv.entries.items()):
+        url = sv.url(key)
+        if f.marker is not None:
+            marked += 1
+            continue
+        owner = _committed_owner(sv, key)
+        if owner is not None:
+            skipped.append(Skipped(url, f"inside the committed entry {sv.url(owner)}: "
+                                        "adopting it would change that entry's data"))
+        elif f.attempts:
+            skipped.append(Skipped(url, f"a durable writer started here and has not "
+                                        f"committed (attempt records: {len(f.attempts)}); it "
+                                        "may be at work (`durable clean` removes it once "
+                                        "it is dead)"))
+        elif f.lease is not None:
+            skipped.append(Skipped(url, "a writer holds (or held) a lease on it"))
+        elif f.records:
+            skipped.append(Skipped(url, f"has durable records but no marker "
+                                        f"({', '.join(sorted(f.records)[:3])}); see "
+                                        "`durable status`"))
+        elif not f.objects:
+            skipped.append(Skipped(url, "no data"))
+        else:
+            adoptions.append(Adoption(url, "planned", "unmarked data, no durable records",
+                                      f.objects, f.size, key))
+    if apply and adoptions:
+        outer = max(1, min(workers, len(adoptions)))
+        inner = max(1, workers // outer)
+
+        def adopt(a: Adoption) -> None:
+            entry = Entry(sv.entry_path(a.key), adapter=sv.adapter)
+            try:
+                # Checked again now: a writer that started since the survey is not adopted.
+                records = sv.adapter.list(entry.layout.records)
+                if records:
+                    a.status, a.reason = "skipped", (
+                        f"durable records appeared since the survey "
+                        f"({', '.join(sorted(records)[:3])}): a writer at work?")
+                    return
+                marker = entry.mark_complete(workers=inner)
+            except AlreadyCompleteError:
+                a.status, a.reason = "skipped", "already COMPLETE (committed since the survey)"
+            except IncompleteExistsError as exc:
+                a.status, a.reason = "skipped", str(exc)
+            except IncompleteError:
+                a.status, a.reason = "skipped", "gone since the survey (ABSENT)"
+            except (DurableError, OSError, ValueError) as exc:
+                a.status, a.reason = "failed", f"{type(exc).__name__}: {exc}"
+            else:
+                assert marker.manifest is not None
+                a.status = "adopted"
+                a.reason = (f"marked COMPLETE: {len(marker.manifest)} objects, "
+                            f"{marker.manifest.total_size} bytes checksummed")
+                a.objects, a.size = len(marker.manifest), marker.manifest.total_size
+
+        with ThreadPoolExecutor(outer) as pool:
+            for n, _ in enumerate(pool.map(adopt, adoptions), 1):
+                if progress is not None:
+                    progress("adopting", n, len(adoptions))
+    return AdoptReport(sv.adapter.url(sv.path), apply, adoptions, skipped, marked)
+
+
+# clean ----------------------------------------------------------------------------------
+CleanKind = Literal["entry", "records", "temp", "upload"]
+CleanStatus = Literal["planned", "removed", "skipped", "failed"]
+
+
+@dataclass
+class CleanItem:
+    """One thing `clean` removes (or would): an entry, its orphan records, a temp file, an
+    upload; ``status`` and ``detail`` say what became of it."""
+
+    kind: CleanKind
+    url: str
+    reason: str
+    age: float | None
+    objects: int = 0
+    size: int = 0
+    status: CleanStatus = "planned"
+    detail: str = ""
+    key: str = field(default="", repr=False)
+    expect: dict[str, str | None] = field(default_factory=dict, repr=False)
+    upload: Upload | None = field(default=None, repr=False)
+
+
+@dataclass
+class CleanReport:
+    root: str
+    apply: bool
+    older_than: float
+    lease_wait: float
+    waited: float
+    """Seconds waited to tell live leases from stale ones (0: no lease seen)."""
+    items: list[CleanItem]
+    kept: list[Skipped]
+    """Leftovers of durable writers that are not removed, and why (COMPLETE entries and
+    data without records are never candidates and are not listed)."""
+
+
+LeaseState = tuple[Literal["live", "stale", "unknown"], str]
+
+
+def _lease_key(key: str) -> str:
+    parent, _, name = key.rpartition("/")
+    return "/".join([p for p in (parent, RECORDS_DIR, name, LEASE_NAME) if p])
+
+
+def _watch_leases(sv: Survey, leases: dict[str, LeaseSeen], lease_wait: float,
+                  sleep: Callable[[float], None]) -> tuple[dict[str, LeaseState], float]:
+    """Which leases are alive: list, wait their stale_after (capped), list again.
+
+    A lease whose version did not change for a whole ``stale_after`` window, as seen from
+    here, is stale; no clock of another machine is read. One more listing, whatever the
+    number of leases.
+    """
+    if not leases:
+        return {}, 0.0
+    windows = [lease.stale_after for lease in leases.values() if lease.stale_after]
+    wait = min(max(windows, default=0.0), lease_wait)
+    again: dict[str, ObjectInfo] = {}
+    if wait > 0:
+        sleep(wait)
+        again = sv.adapter.list(sv.path) if any(leases) else {}
+
+    def current(key: str) -> ObjectInfo | None:
+        if wait <= 0:
+            # Nothing was watched: every lease stays as first listed, so none is judged.
+            return sv.entries[key].lease
+        # The root's own lease lies beside the root, outside its listing.
+        return again.get(_lease_key(key)) if key else sv.adapter.info(sv.layout("").lease)
+
+    states: dict[str, LeaseState] = {}
+    for key, lease in leases.items():
+        body = lease.body or {}
+        holder = f"{body.get('host', '?')}:{body.get('pid', '?')}"
+        now_info = current(key)
+        if lease.body is None:
+            states[key] = ("unknown", f"its lease file cannot be read ({lease.error}): "
+                                      "taken for alive")
+        elif lease.stale_after is None or lease.version is None:
+            states[key] = ("unknown", "its lease has no usable stale_after or version: "
+                                      "taken for alive")
+        elif now_info is None:
+            states[key] = ("unknown", "its lease was released during the check (the writer "
+                                      "finished or gave up): looked at again next time")
+        elif now_info.version != lease.version:
+            states[key] = ("live", f"live lease held by {holder} (renewed within "
+                                   f"{wait:g} s)")
+        elif wait < lease.stale_after:
+            states[key] = ("unknown", f"lease of {holder} not renewed in {wait:g} s, less "
+                                      f"than its stale_after of {lease.stale_after:g} s: "
+                                      f"pass --lease-wait {math.ceil(lease.stale_after)} "
+                                      "to decide; taken for alive")
+        else:
+            states[key] = ("stale", f"stale lease of {holder} (not renewed in {wait:g} s, "
+                                    f"stale_after {lease.stale_after:g} s)")
+    return states, wait
+
+
+def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
+               all_uploads: bool = False, workers: int = _WORKERS,
+               progress: Ticker | None = None, sleep: Callable[[float], None] = time.sleep,
+               now: Callable[[], float] = time.time) -> CleanReport:
+    """What `apply_clean` would remove under the surveyed root, and what it keeps and why.
+
+    Candidates: unmarked entries with durable records (a writer started: attempt records,
+    a lease, other records) older than ``older_than`` seconds with no live lease (their
+    data and records, or only the records when the data is gone); temp files of atomic
+    writes older than that; uploads left open longer than that (S3 multipart uploads, only
+    those started the way durable starts them unless ``all_uploads``). Never a candidate: an
+    entry with a marker or anything inside one, data with no durable records (data written
+    before durable: `mark_complete_root` adopts it), anything of an entry whose lease is
+    live or cannot be judged.
+    """
+    leased = {k for k, f in sv.entries.items() if f.lease is not None}
+    started = {k for k, f in sv.entries.items() if f.marker is None and f.records}
+    records = read_records(sv, sorted(leased | started), markers=False, workers=workers,
+                           progress=_tick(progress, "reading records"))
+    leases = {k: lease for k in leased if (lease := records[k].lease) is not None}
+    if progress is not None and leases:
+        progress(f"watching {len(leases)} leases", 0, None)
+    states, waited = _watch_leases(sv, leases, lease_wait, sleep)
+    at = now()
+    items: list[CleanItem] = []
+    kept: list[Skipped] = []
+    holders = _holders(sv)
+
+    def blocked(keys: list[str]) -> str | None:
+        """Why something of these entries must be kept (a marker, a live lease), or None."""
+        for k in keys:
+            if sv.entries[k].marker is not None:
+                return f"inside the committed entry {sv.url(k)}"
+            state = states.get(k)
+            if state is not None and state[0] != "stale":
+                return state[1] if k == keys[-1] else f"inside {sv.url(k)}: {state[1]}"
+        return None
+
+    def old(age: float | None, what: str) -> str | None:
+        if age is None:
+            return f"{what}: its age is unknown (the store gives no modification time)"
+        if age < older_than:
+            return f"{what} {fmt_age(age)} ago: younger than --older-than"
+        return None
+
+    for key in sorted(started):
+        f, url = sv.entries[key], sv.url(key)
+        age, source, clock = entry_age(f, records[key], at)
+        why = (blocked(sv.owners(key))
+               or ("it holds other entries" if key in holders else None)
+               or old(age, f"last {source} ({clock}'s clock)" if source else "written"))
+        if why is not None:
+            kept.append(Skipped(url, why))
+            continue
+        assert age is not None
+        since = f"{source} {fmt_age(age)} ago ({clock}'s clock)"
+        if f.objects:
+            kind: CleanKind = "entry"
+            reason = (f"never committed: {len(f.attempts)} attempt records, {since}"
+                      if f.attempts else f"records but no marker, {since}")
+        else:
+            kind = "records"
+            reason = f"records of an entry whose data is gone, no marker, {since}"
+        if f.lease is not None:
+            reason += f"; {states[key][1]}"
+        items.append(CleanItem(kind, url, reason, age, f.objects, f.size, key=key,
+                               expect={k: i.version for k, i in f.records.items()}))
+
+    for tkey, info in sorted(sv.temps.items()):
+        owners = sv.owners(tkey)
+        if started & set(owners):
+            continue  # part of a writer's entry: removed, or kept, with it
+        url = sv.adapter.url(info.path)
+        age = None if info.modified is None else at - info.modified
+        why = blocked(owners) or old(age, "written (store's clock)")
+        if why is not None:
+            kept.append(Skipped(url, why))
+            continue
+        assert age is not None
+        items.append(CleanItem("temp", url, f"temp file of an atomic write never published, "
+                                            f"written {fmt_age(age)} ago", age, 1, info.size,
+                               key=tkey, expect={tkey: info.version}))
+
+    for up in sv.adapter.list_uploads(sv.path):
+        rel = up.path[len(sv.path):].lstrip("/")
+        url = f"{sv.adapter.url(up.path)} (upload {up.upload_id})"
+        age = None if up.initiated is None else at - up.initiated
+        ours = (up.checksum or "").upper() == DURABLE_UPLOAD_CHECKSUM
+        why = (None if ours or all_uploads else
+               f"not started the way durable starts uploads (checksum {up.checksum}, not "
+               f"{DURABLE_UPLOAD_CHECKSUM}): pass --all-uploads to include it")
+        # Aborting an upload never changes a committed object, so only a live lease keeps it.
+        owners = [k for k in sv.owners(rel) if k in states and states[k][0] != "stale"]
+        why = (why or (states[owners[-1]][1] if owners else None)
+               or old(age, "initiated (store's clock)"))
+        if why is not None:
+            kept.append(Skipped(url, why))
+            continue
+        assert age is not None
+        items.append(CleanItem("upload", url, f"multipart upload never completed, initiated "
+                                              f"{fmt_age(age)} ago", age, key=rel, upload=up))
+    return CleanReport(sv.adapter.url(sv.path), False, older_than, lease_wait, waited, items,
+                       kept)
+
+
+def apply_clean(sv: Survey, report: CleanReport, *, workers: int = _WORKERS,
+                progress: Ticker | None = None) -> CleanReport:
+    """Remove what ``report`` planned, checking each item again first (marker first)."""
+    report.apply = True
+    planned = [i for i in report.items if i.status == "planned"]
+
+    def one(item: CleanItem) -> None:
+        try:
+            _remove(sv, item)
+        except (DurableError, OSError, ValueError) as exc:
+            item.status, item.detail = "failed", f"{type(exc).__name__}: {exc}"
+
+    if planned:
+        with ThreadPoolExecutor(max(1, min(workers, len(planned)))) as pool:
+            for n, _ in enumerate(pool.map(one, planned), 1):
+                if progress is not None:
+                    progress("removing", n, len(planned))
+    return report
+
+
+def _remove(sv: Survey, item: CleanItem) -> None:
+    a = sv.adapter
+    if item.kind == "upload":
+        assert item.upload is not None
+        a.abort_upload(item.upload)
+        item.status = "removed"
+        return
+    if item.kind == "temp":
+        info = a.info(sv.entry_path(item.key))
+        if info is None or info.version != item.expect[item.key]:
+            item.status, item.detail = "skipped", "gone or rewritten since the plan"
+            return
+        a.delete([info.path])
+        item.status = "removed"
+        return
+    layout = sv.layout(item.key)
+    path = sv.entry_path(item.key)
+    # Marker first: an entry committed since the plan is never touched.
+    if a.info(layout.marker) is not None:
+        item.status, item.detail = "skipped", "committed since the plan (it has a marker now)"
+        return
+    # A changed record (a new attempt, a renewed lease) is a writer at work.
+    now = {k: i.version for k, i in a.list(layout.records).items()}
+    if now != item.expect:
+        item.status, item.detail = ("skipped", "its records changed since the plan (a "
+                                    "writer at work?)")
+        return
+    if item.kind == "records":
+        if a.exists(path):
+            item.status, item.detail = "skipped", "data appeared since the plan"
+            return
+    elif a.info(path) is not None:
+        a.delete([path])
+    else:
+        a.delete_prefix(path)
+    if a.info(layout.marker) is not None:
+        # A writer committed while its data was being removed: its marker stays, so the
+        # entry reads INCOMPLETE (data gone), never COMPLETE over nothing, and never vanishes
+        # without a trace.
+        item.status, item.detail = "failed", ("a writer committed it while its data was "
+                                              "being removed; its marker is kept")
+        return
+    a.delete_prefix(layout.records)
+    item.status = "removed"
+
+
+def fmt_age(seconds: float) -> str:
+    """``3d 4h``, ``2h 5m``, ``12m``, ``45s``; a negative age (clocks apart) says so."""
+    if seconds < 0:
+        return f"in {fmt_age(-seconds)} (clocks apart)"
+    s = int(seconds)
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                     ("m", 60, "s", 1)):
+        if s >= size:
+            rest = (s % size) // subsize
+            return f"{s // size}{unit}" + (f" {rest}{sub}" if rest else "")
+    return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.1f}s"
+

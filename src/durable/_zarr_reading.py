@@ -1,0 +1,280 @@
+"""The reading side of `durable.zarr`: `VerifyingStore`, a read-only view of a COMPLETE entry.
+
+Every key is checked against the entry's manifest: a listed chunk must be there with its
+recorded size and CRC32C (a missing one is an IntegrityError, never fill values); a key the
+manifest does not list is the fill value if absent and an IntegrityError if present (it is
+not part of the commit). The check is a dict lookup and a CRC32C of bytes already fetched,
+never a second request. Listings come from the manifest, so they cost nothing and show only
+what was committed. Byte-range reads (sharding) are checked for length only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+)
+from zarr.storage import FsspecStore, LocalStore, WrapperStore
+
+from durable._checksum import crc32c, crc_to_hex
+from durable._entry import Entry
+from durable._errors import IntegrityError
+from durable._protocol import ObjectRecord
+
+if TYPE_CHECKING:
+    from zarr.abc.buffer import Buffer
+    from zarr.core.buffer import BufferPrototype
+
+__all__ = ["VerifyingStore", "get_whole", "inner_store"]
+
+
+def inner_store(url: str, storage_options: Mapping[str, Any] | None, *,
+                read_only: bool) -> Store:
+    """The zarr store a plain reader would use for ``url``: LocalStore or FsspecStore."""
+    entry = Entry(url, storage_options=dict(storage_options or {}))
+    if entry.adapter.name == "local":
+        return LocalStore(entry.path, read_only=read_only)
+    # No listings cache: other processes (and durable's own adapter, another filesystem
+    # instance) change the staging area and the entry; a cached listing of them makes an
+    # object that was moved look present, and metadata would be lost.
+    options = {"use_listings_cache": False, **(storage_options or {})}
+    return FsspecStore.from_url(entry.url, storage_options=options, read_only=read_only)
+
+
+async def get_whole(store: Store, key: str, prototype: BufferPrototype) -> Buffer | None:
+    """The whole object in one request: s3fs and its kin HEAD before every plain GET (and
+    HEAD and LIST for a missing key); a GET of ``bytes=0-`` is one request either way."""
+    if isinstance(store, FsspecStore):
+        return await store.get(key, prototype, OffsetByteRequest(0))
+    return await store.get(key, prototype)
+
+
+_MANIFESTS: dict[tuple[str, str], Mapping[str, ObjectRecord]] = {}
+_MANIFESTS_KEPT = 16
+
+
+def _expected_length(rec: ObjectRecord, byte_range: ByteRequest) -> int:
+    if isinstance(byte_range, RangeByteRequest):
+        return max(0, min(byte_range.end, rec.size) - byte_range.start)
+    if isinstance(byte_range, OffsetByteRequest):
+        return max(0, rec.size - byte_range.offset)
+    if isinstance(byte_range, SuffixByteRequest):
+        return min(byte_range.suffix, rec.size)
+    raise TypeError(f"unexpected byte range {byte_range!r}")
+
+
+class VerifyingStore(WrapperStore[Store]):
+    """A read-only view of a COMPLETE entry that checks every key against its manifest."""
+
+    supports_writes = False
+    supports_deletes = False
+    supports_listing = True
+
+    def __init__(self, store: Store, *, url: str, attempt: str,
+                 manifest: Mapping[str, ObjectRecord],
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(store)
+        self._url = url
+        self._attempt = attempt
+        self._manifest = manifest
+        self._storage_options = dict(storage_options or {})
+
+    @classmethod
+    def from_url(cls, url: str, *, storage_options: dict[str, Any] | None = None,
+                 attempt: str | None = None) -> VerifyingStore:
+        """The verifying store of the COMPLETE entry at ``url`` (IncompleteError if not).
+
+        ``attempt``: the commit the caller opened before; a different one is an
+        IntegrityError (the entry was rewritten since).
+        """
+        entry = Entry(url, storage_options=storage_options)
+        marker = entry.require_complete()
+        if attempt is not None and marker.attempt != attempt:
+            raise IntegrityError(
+                f"{entry.url} was committed again (attempt {marker.attempt}) since it was "
+                f"opened (attempt {attempt})", url=entry.url, expected=attempt,
+                found=marker.attempt)
+        assert marker.manifest is not None
+        return cls(inner_store(entry.url, storage_options, read_only=True), url=entry.url,
+                   attempt=marker.attempt, manifest=marker.manifest.objects,
+                   storage_options=storage_options)
+
+    @property
+    def manifest(self) -> Mapping[str, ObjectRecord]:
+        return self._manifest
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The manifest is not pickled (100,000 chunks make megabytes per task): a worker
+        # reads the marker once per process and holds it to the same commit.
+        return {"url": self._url, "attempt": self._attempt,
+                "storage_options": self._storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        key = (state["url"], state["attempt"])
+        manifest = _MANIFESTS.get(key)
+        if manifest is None:
+            opened = VerifyingStore.from_url(state["url"], attempt=state["attempt"],
+                                             storage_options=state["storage_options"])
+            manifest = opened._manifest
+            if len(_MANIFESTS) >= _MANIFESTS_KEPT:
+                _MANIFESTS.pop(next(iter(_MANIFESTS)))
+            _MANIFESTS[key] = manifest
+            store = opened._store
+        else:
+            store = inner_store(state["url"], state["storage_options"], read_only=True)
+        self.__init__(store, url=state["url"], attempt=state["attempt"],  # type: ignore[misc]
+                      manifest=manifest, storage_options=state["storage_options"])
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, VerifyingStore) and self._url == other._url
+                and self._attempt == other._attempt)
+
+    def __hash__(self) -> int:
+        return hash((self._url, self._attempt))
+
+    def __dask_tokenize__(self) -> tuple[str, str, str]:
+        return ("durable.zarr.VerifyingStore", self._url, self._attempt)
+
+    def __repr__(self) -> str:
+        return f"VerifyingStore({self._url!r}, attempt={self._attempt!r})"
+
+    __str__ = __repr__
+
+    def _with_store(self, store: Store) -> VerifyingStore:
+        return type(self)(store, url=self._url, attempt=self._attempt,
+                          manifest=self._manifest, storage_options=self._storage_options)
+
+    def with_read_only(self, read_only: bool = False) -> VerifyingStore:
+        if not read_only:
+            raise ValueError(f"{self._url}: a verifying store is read-only; change the entry "
+                             "with durable.zarr.writing(url, update=True)")
+        return self
+
+    @property
+    def read_only(self) -> bool:
+        return True
+
+    def _check_writable(self) -> None:
+        raise ValueError(f"{self._url}: store is read-only (a COMPLETE entry; change it with "
+                         "durable.zarr.writing(url, update=True))")
+
+    # reads ---------------------------------------------------------------------------------
+    def _chunk_url(self, key: str) -> str:
+        return f"{self._url}/{key}"
+
+    def _check(self, key: str, buf: Buffer | None,
+               byte_range: ByteRequest | None) -> Buffer | None:
+        rec = self._manifest.get(key)
+        if rec is None:
+            if buf is None:
+                return None  # never written, or deleted as all fill value: zarr's meaning
+            raise IntegrityError(
+                f"{self._chunk_url(key)}: present but not in the manifest of commit "
+                f"{self._attempt}: not part of what was committed",
+                url=self._chunk_url(key), expected="absent (fill value)",
+                found="an object not in the manifest")
+        if buf is None:
+            raise IntegrityError(
+                f"{self._chunk_url(key)}: missing; the manifest of commit {self._attempt} "
+                f"recorded {rec.size} bytes (a missing chunk is never read as fill values)",
+                url=self._chunk_url(key), expected=rec.size, found="missing")
+        view = memoryview(buf.as_buffer_like()).cast("B")
+        if byte_range is not None:
+            want = _expected_length(rec, byte_range)
+            if view.nbytes != want:
+                raise IntegrityError(
+                    f"{self._chunk_url(key)}: {byte_range} returned {view.nbytes} bytes, "
+                    f"expected {want} of the recorded {rec.size}",
+                    url=self._chunk_url(key), expected=want, found=view.nbytes)
+            return buf
+        if view.nbytes != rec.size:
+            raise IntegrityError(
+                f"{self._chunk_url(key)}: {view.nbytes} bytes, the manifest recorded "
+                f"{rec.size}", url=self._chunk_url(key), expected=rec.size,
+                found=view.nbytes)
+        found = crc32c(view)
+        if found != rec.crc32c:
+            raise IntegrityError(
+                f"{self._chunk_url(key)}: CRC32C {crc_to_hex(found)}, the manifest recorded "
+                f"{crc_to_hex(rec.crc32c)} ({rec.size} bytes)", url=self._chunk_url(key),
+                expected=crc_to_hex(rec.crc32c), found=crc_to_hex(found))
+        return buf
+
+    async def get(self, key: str, prototype: BufferPrototype,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        if byte_range is None:
+            return self._check(key, await get_whole(self._store, key, prototype), None)
+        return self._check(key, await self._store.get(key, prototype, byte_range),
+                           byte_range)
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]
+                                 ) -> list[Buffer | None]:
+        key_ranges = list(key_ranges)
+        bufs = await self._store.get_partial_values(prototype, key_ranges)
+        return [self._check(k, b, r) for (k, r), b in zip(key_ranges, bufs, strict=True)]
+
+    async def _get_many(self, requests: Iterable[tuple[str, BufferPrototype,
+                                                         ByteRequest | None]]
+                        ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
+
+    async def getsize(self, key: str) -> int:
+        rec = self._manifest.get(key)
+        if rec is None:
+            raise FileNotFoundError(self._chunk_url(key))
+        return rec.size
+
+    # listings: from the manifest, so they cost nothing and show only what was committed ---
+    async def exists(self, key: str) -> bool:
+        return key in self._manifest
+
+    async def is_empty(self, prefix: str) -> bool:
+        async for _ in self.list_prefix(prefix):
+            return False
+        return True
+
+    async def list(self) -> AsyncIterator[str]:
+        for key in self._manifest:
+            yield key
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        for key in self._manifest:
+            if key.startswith(prefix):
+                yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        prefix = prefix.rstrip("/")
+        head = prefix + "/" if prefix else ""
+        seen: set[str] = set()
+        for key in self._manifest:
+            if key.startswith(head) and key != prefix:
+                child = key[len(head):].split("/", 1)[0]
+                if child not in seen:
+                    seen.add(child)
+                    yield child
+
+    # writes: refused -------------------------------------------------------------------------
+    async def set(self, key: str, value: Buffer) -> None:
+        self._check_writable()
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        self._check_writable()
+
+    async def delete(self, key: str) -> None:
+        self._check_writable()
+
+    async def delete_dir(self, prefix: str) -> None:
+        self._check_writable()
+
+    async def clear(self) -> None:
+        self._check_writable()
+
+

@@ -1,0 +1,416 @@
+"""The writing side of `durable.zarr`: `WritingStore`, chunks recorded, metadata held back.
+
+Every chunk zarr sets is written to the entry and its size and CRC32C recorded from the
+bytes zarr handed over (no second read); deletes (fill-value chunks, resizes) are
+forgotten. Metadata documents go to a staging area beside the entry and are read from it
+first, so the writer and the other processes of the same write see them and plain readers
+do not; `WritingStore.publish` copies them into the entry at commit.
+
+Records go to the `EntryWriter` in the coordinating process; a store unpickled in another
+process (a dask worker) records into that process's manifest fragment instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sys
+import threading
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.sync import sync
+from zarr.storage import LocalStore, WrapperStore
+
+from durable._checksum import crc32c
+from durable._entry import Entry, EntryWriter
+from durable._errors import AlreadyCompleteError
+from durable._fragments import FragmentRecorder
+from durable._zarr_reading import get_whole, inner_store
+
+if TYPE_CHECKING:
+    from zarr.abc.buffer import Buffer
+    from zarr.core.buffer import BufferPrototype
+
+__all__ = ["WritingStore", "coordinating", "flush_fragments", "flush_workers", "is_metadata"]
+
+METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+STAGING = "staged"
+# zarr's LocalStore writes `<key>.<32 hex>.partial` and renames it; a writer killed in
+# between leaves the temp file, which must never be adopted as part of an entry.
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+# Above this, CRC32C runs off the event loop so other chunks keep flowing meanwhile.
+_CRC_INLINE = 1024 * 1024
+
+
+def is_metadata(key: str) -> bool:
+    return key.rpartition("/")[2] in METADATA_NAMES
+
+
+def _publish_tier(key: str) -> tuple[int, int]:
+    """Publish order: deepest nodes first, a node's attributes before its node document,
+    consolidated metadata (which describes everything) last of all."""
+    name = key.rpartition("/")[2]
+    rank = {".zattrs": 0, ".zmetadata": 2}.get(name, 1)
+    return (-key.count("/") if rank < 2 else 1, rank)
+
+
+class Recorder(Protocol):
+    def record(self, key: str, size: int, crc32c: int) -> None: ...
+
+    def forget(self, key: str) -> None: ...
+
+
+# Coordinators of this process by attempt: a store unpickled here records straight into
+# its writer, not into a fragment. Fragment recorders are shared by every store of one
+# attempt in a process, so a worker flushes one fragment, not one per task.
+_WRITERS: weakref.WeakValueDictionary[str, EntryWriter] = weakref.WeakValueDictionary()
+_FRAGMENTS: dict[tuple[str, str], FragmentRecorder] = {}
+_FRAGMENTS_LOCK = threading.Lock()
+
+
+def _recorder_for(url: str, storage_options: dict[str, Any], attempt: str) -> Recorder:
+    writer = _WRITERS.get(attempt)
+    if writer is not None:
+        return writer
+    with _FRAGMENTS_LOCK:
+        rec = _FRAGMENTS.get((url, attempt))
+        if rec is None:
+            rec = _FRAGMENTS[(url, attempt)] = FragmentRecorder(url, storage_options, attempt)
+        return rec
+
+
+def flush_fragments() -> int:
+    """Flush every fragment recorder of this process; returns how many there were.
+
+    Run it on each worker before the coordinator commits (``client.run(flush_fragments)``;
+    `writing` does so for the current `distributed` client): records never flushed cost the
+    coordinator a re-read of those chunks, nothing worse.
+    """
+    with _FRAGMENTS_LOCK:
+        recorders = list(_FRAGMENTS.values())
+        _FRAGMENTS.clear()
+    for rec in recorders:
+        rec.flush()
+    return len(recorders)
+
+
+def flush_workers() -> None:
+    """`flush_fragments` on every worker of the current `distributed` client, if any."""
+    if "distributed" not in sys.modules:
+        return
+    from distributed import default_client
+
+    try:
+        client = default_client()  # type: ignore[no-untyped-call]
+    except ValueError:
+        return  # no client: nothing ran elsewhere
+    if client.status != "running":
+        return
+    try:
+        client.run(flush_fragments)
+    except Exception:  # a worker lost now: its chunks are re-read at the commit
+        return
+
+
+async def _crc(value: Buffer) -> tuple[int, int]:
+    view = memoryview(value.as_buffer_like()).cast("B")
+    if view.nbytes > _CRC_INLINE:
+        return view.nbytes, await asyncio.to_thread(crc32c, view)
+    return view.nbytes, crc32c(view)
+
+
+async def _collect(iterator: AsyncIterator[str]) -> list[str]:
+    return [k async for k in iterator]
+
+
+async def _union(*iterators: AsyncIterator[str]) -> AsyncIterator[str]:
+    seen: set[str] = set()
+    for it in iterators:
+        async for key in it:
+            if key not in seen:
+                seen.add(key)
+                yield key
+
+
+class WritingStore(WrapperStore[Store]):
+    """The zarr store of an entry being written: chunks recorded, metadata held back.
+
+    Made by `writing`; picklable (for dask workers) and comparable. Metadata keys are
+    written to the staging store and read from it first, so this writer and the other
+    processes of the same write see the metadata while plain readers do not.
+    """
+
+    def __init__(self, url: str, *, attempt: str, storage_options: Mapping[str, Any] | None,
+                 recorder: Recorder | None = None, read_only: bool = False,
+                 _stores: tuple[Store, Store] | None = None) -> None:
+        self._url = url
+        self._attempt = attempt
+        self._storage_options = dict(storage_options or {})
+        if _stores is None:
+            entry = Entry(url, storage_options=self._storage_options)
+            staging = entry.adapter.url(f"{entry.layout.records}/{STAGING}")
+            _stores = (inner_store(entry.url, self._storage_options, read_only=read_only),
+                       inner_store(staging, self._storage_options, read_only=read_only))
+        super().__init__(_stores[0])
+        self._staging = _stores[1]
+        self._recorder = recorder or _recorder_for(url, self._storage_options, attempt)
+
+    # identity, pickling ------------------------------------------------------------------
+    def _clone(self, data: Store, staging: Store) -> WritingStore:
+        return type(self)(self._url, attempt=self._attempt,
+                          storage_options=self._storage_options, recorder=self._recorder,
+                          _stores=(data, staging))
+
+    def _with_store(self, store: Store) -> WritingStore:
+        return self._clone(store, self._staging)
+
+    def with_read_only(self, read_only: bool = False) -> WritingStore:
+        # Staging stays as it is (a read-only LocalStore refuses to open a directory that
+        # does not exist yet); writes through a read-only copy are refused by
+        # _check_open all the same.
+        return self._clone(self._store.with_read_only(read_only), self._staging)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self._url, "attempt": self._attempt, "read_only": self.read_only,
+                "storage_options": self._storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], attempt=state["attempt"],  # type: ignore[misc]
+                      storage_options=state["storage_options"], read_only=state["read_only"])
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, WritingStore) and self._url == other._url
+                and self._attempt == other._attempt and self.read_only == other.read_only)
+
+    def __hash__(self) -> int:
+        return hash((self._url, self._attempt, self.read_only))
+
+    def __dask_tokenize__(self) -> tuple[str, str, str, bool]:
+        return ("durable.zarr.WritingStore", self._url, self._attempt, self.read_only)
+
+    def __repr__(self) -> str:
+        return f"WritingStore({self._url!r}, attempt={self._attempt!r})"
+
+    __str__ = __repr__
+
+    # open / close ------------------------------------------------------------------------
+    async def _open(self) -> None:
+        await self._store._ensure_open()
+        await self._staging._ensure_open()
+
+    async def _ensure_open(self) -> None:
+        await self._open()
+
+    def close(self) -> None:
+        if isinstance(self._recorder, FragmentRecorder):
+            self._recorder.flush()
+        self._store.close()
+        self._staging.close()
+
+    # writes -------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        self._check_writable()
+        # A write after the commit would be in no manifest: refused here rather than
+        # found later as an object the commit does not list.
+        if getattr(self._recorder, "_closed", False):
+            raise ValueError(f"{self._url}: the durable.zarr.writing() block has ended; "
+                             "write again with writing(url, update=True)")
+
+    async def set(self, key: str, value: Buffer) -> None:
+        self._check_open()
+        if is_metadata(key):
+            await self._staging.set(key, value)
+            return
+        size, crc = await _crc(value)
+        await self._store.set(key, value)
+        # Recorded only once the store accepted the bytes: a failed set records nothing.
+        self._recorder.record(key, size, crc)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        if not await self.exists(key):
+            await self.set(key, value)
+
+    async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
+        # Not delegated: the inner store's _set_many would bypass the records.
+        await asyncio.gather(*(self.set(k, v) for k, v in values))
+
+    async def delete(self, key: str) -> None:
+        # zarr deletes chunks equal to the fill value and chunks a resize cut off.
+        self._check_open()
+        if is_metadata(key):
+            await self._staging.delete(key)
+        await self._store.delete(key)
+        self._recorder.forget(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        self._check_open()
+        keys = [k async for k in self._store.list_prefix(prefix)]
+        await self._store.delete_dir(prefix)
+        await self._staging.delete_dir(prefix)
+        for key in keys:
+            self._recorder.forget(key)
+
+    async def clear(self) -> None:
+        await self.delete_dir("")
+
+    # reads: staged metadata first ----------------------------------------------------------
+    async def get(self, key: str, prototype: BufferPrototype,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        if is_metadata(key) and byte_range is None:
+            staged = await get_whole(self._staging, key, prototype)
+            return staged if staged is not None else await get_whole(self._store, key,
+                                                                     prototype)
+        if is_metadata(key):
+            staged = await self._staging.get(key, prototype, byte_range)
+            if staged is not None:
+                return staged
+        return await self._store.get(key, prototype, byte_range)
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]
+                                 ) -> list[Buffer | None]:
+        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
+
+    async def _get_many(self, requests: Iterable[tuple[str, BufferPrototype,
+                                                         ByteRequest | None]]
+                        ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
+
+    async def exists(self, key: str) -> bool:
+        if not is_metadata(key):
+            return await self._store.exists(key)
+        # Both places at once, and by GET: a metadata document is small, and an object
+        # store's "exists" of a missing key is a HEAD and a LIST.
+        from zarr.core.buffer import default_buffer_prototype
+
+        proto = default_buffer_prototype()
+        found = await asyncio.gather(get_whole(self._staging, key, proto),
+                                     get_whole(self._store, key, proto))
+        return any(buf is not None for buf in found)
+
+    async def is_empty(self, prefix: str) -> bool:
+        return await self._store.is_empty(prefix) and await self._staging.is_empty(prefix)
+
+    def list(self) -> AsyncIterator[str]:
+        return _union(self._staging.list(), self._store.list())
+
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        return _union(self._staging.list_prefix(prefix), self._store.list_prefix(prefix))
+
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        return _union(self._staging.list_dir(prefix), self._store.list_dir(prefix))
+
+    # commit --------------------------------------------------------------------------------
+    def publish(self) -> None:
+        """Copy every staged metadata document into the entry (recorded), then drop staging.
+
+        Called by `writing` after the last chunk and before the marker; idempotent.
+        """
+        entry = Entry(self._url, storage_options=self._storage_options)
+        local = isinstance(self._store, LocalStore)
+        if local:
+            # Names only (no stat per file): the commit walks the entry again anyway.
+            leftovers = [os.path.join(d, f) for d, _, files in os.walk(entry.path)
+                         for f in files if _PARTIAL.search(f)]
+            entry.adapter.delete(leftovers)
+        published = sync(self._publish(entry))
+        staging = f"{entry.layout.records}/{STAGING}"
+        if local:
+            # The whole dir: also any temp file a killed writer left in it.
+            entry.adapter.delete_prefix(staging)
+        else:
+            entry.adapter.delete([f"{staging}/{key}" for key in published])
+        if isinstance(self._recorder, FragmentRecorder):
+            self._recorder.flush()
+
+    async def _publish(self, entry: Entry) -> tuple[str, ...]:
+        from zarr.core.buffer import default_buffer_prototype
+
+        proto = default_buffer_prototype()
+        committed, listed = await asyncio.gather(
+            asyncio.to_thread(entry.adapter.info, entry.layout.marker),
+            _collect(self._staging.list()))
+        keys = [k for k in listed if is_metadata(k)]
+        if committed is not None:
+            # Another writer committed meanwhile: publishing now would put this writer's
+            # metadata over that writer's committed chunks. What is staged is nobody's now
+            # (no writer commits over a marker), and a later update must not take it for
+            # newer than the committed metadata.
+            await asyncio.to_thread(entry.adapter.delete,
+                                    [f"{entry.layout.records}/{STAGING}/{k}" for k in keys])
+            raise AlreadyCompleteError(f"{entry.url}: another writer committed this entry "
+                                       "first", url=entry.url)
+        docs = dict(zip(keys, await asyncio.gather(*(get_whole(self._staging, k, proto)
+                                                     for k in keys)), strict=True))
+        tiers: dict[tuple[int, int], list[str]] = {}
+        for key in keys:
+            tiers.setdefault(_publish_tier(key), []).append(key)
+
+        async def copy(key: str) -> None:
+            buf = docs[key]
+            if buf is None:
+                return  # gone since it was listed: a racing writer published it
+            size, crc = await _crc(buf)
+            await self._store.set(key, buf)
+            self._recorder.record(key, size, crc)
+
+        for tier in sorted(tiers):
+            # One tier at a time: a node's document appears only after its children's.
+            await asyncio.gather(*(copy(k) for k in tiers[tier]))
+        return tuple(keys)
+
+    def hide_metadata(self) -> None:
+        """Move metadata already in the entry (an update, a resume) back into staging.
+
+        Until the commit, plain readers then see no array rather than an array whose
+        chunks are being changed under them.
+        """
+        sync(self._hide())
+
+    async def _hide(self) -> None:
+        from zarr.core.buffer import default_buffer_prototype
+
+        keys = [k async for k in self._store.list() if is_metadata(k)]
+        proto = default_buffer_prototype()
+        for key in keys:
+            # A staged document is newer (a killed publish); otherwise stage the published
+            # one before it is removed, or the array would be lost.
+            if await get_whole(self._staging, key, proto) is None:
+                buf = await get_whole(self._store, key, proto)
+                if buf is not None:
+                    await self._staging.set(key, buf)
+        # Root first: the whole hierarchy disappears for plain readers at the first delete.
+        for key in sorted(keys, key=_publish_tier, reverse=True):
+            await self._store.delete(key)
+            self._recorder.forget(key)
+
+
+@contextlib.contextmanager
+def coordinating(entry: Entry, writer: EntryWriter, *,
+                 storage_options: dict[str, Any] | None, hide: bool) -> Iterator[WritingStore]:
+    """The coordinator's store for ``writer``; on clean exit, workers flushed and published.
+
+    ``hide``: move metadata already in the entry (an update, a resume) back to staging.
+    """
+    _WRITERS[writer.attempt] = writer
+    try:
+        store = WritingStore(entry.url, attempt=writer.attempt,
+                             storage_options=storage_options, recorder=writer)
+        if writer._baseline:
+            # Updating a COMPLETE entry: anything staged is a leftover of a writer that
+            # lost a race (or was killed after another committed), older than the
+            # committed metadata, and must not be published over it.
+            entry.adapter.delete_prefix(f"{entry.layout.records}/{STAGING}")
+        if hide:
+            store.hide_metadata()
+        yield store
+        flush_workers()
+        store.publish()
+    finally:
+        _WRITERS.pop(writer.attempt, None)

@@ -1,0 +1,443 @@
+"""tensorstore zarr3 arrays as entries: committed whole, never read stale (extra tensorstore).
+
+Incident 000: levanter opened zarr3 arrays through one process-wide `tensorstore.Context`
+with a large ``cache_pool`` and ``recheck_cached_data`` off. After another job rewrote an
+array, cached handles served the old chunks (or new metadata over old chunks), and on
+Cloudflare R2, whose ETags tensorstore cannot use, re-opening died with the opaque
+``Malformed StorageGeneration``. Here:
+
+- `kvstore_spec` turns an fsspec URL and ``storage_options`` into a tensorstore kvstore spec
+  (``file``, ``memory``, ``s3`` with custom endpoints and credentials, ``gs``/``gcs``).
+- `writing` yields a `TensorStoreWriter` inside `Entry.writing`: arrays are created or
+  opened with `TensorStoreWriter.open`; on clean exit every tracked write is waited for,
+  the manifest is built and the marker committed. A failed or killed write leaves the entry
+  without a marker: INCOMPLETE (or ABSENT), never COMPLETE.
+- `open` hands out a TensorStore only for a COMPLETE entry whose listing matches its
+  manifest (``deep=True``: every object's CRC32C), and ties tensorstore's cache
+  revalidation to the commit: ``recheck_cached_data``/``recheck_cached_metadata`` are set
+  to the time this process first saw the current commit, so a shared ``cache_pool`` keeps
+  serving unchanged data without a request, but nothing cached before the commit (old data,
+  old metadata, or a rewrite in progress) is served without a conditional re-read.
+- Stores whose ETags/generations tensorstore cannot revalidate with are found by a probe,
+  once per endpoint and process: one byte of an object (the marker, or a probe object a
+  writer puts beside the records) read through tensorstore, then read again conditionally
+  on the version it came with, which is the request a revalidation sends. Such a store
+  answers with `UnusableETagError`, naming the endpoint, the ETag and what to do, instead
+  of tensorstore's "Malformed StorageGeneration"; where the ETag still pins a read (an
+  unquoted one, a GCS emulator's generation 0), `open` reads with a cache private to the
+  handle and no conditional request, and writes work while they need none.
+
+Checksums: new arrays get the zarr v3 ``crc32c`` codec as their last codec (inside the
+shards' chunks for sharded arrays), so tensorstore and zarr-python check every chunk on
+every read. Opt out with ``checksum_codec=False``. An object that ends with the CRC32C of
+the bytes before it has a whole-object CRC32C that is always ``0x48674bc7`` (the CRC-32C
+residue), so the manifest records such chunks from the listing's sizes alone, without
+reading anything back: a chunk damaged before the commit then fails deep verification
+instead of being blessed by a checksum of the damaged bytes. Other objects (metadata,
+shards, chunks without the codec) are read back once at commit.
+
+``memory://`` URLs name tensorstore's in-memory kvstore (one per process, shared by every
+call here), not fsspec's memory filesystem, which tensorstore cannot reach; use
+`entry_for` for the `Entry` of such a URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import tensorstore as ts
+
+from durable._checksum import crc32c
+from durable._entry import Entry, EntryWriter, Problem
+from durable._errors import IncompleteError, IntegrityError, MarkerError
+from durable._protocol import MAX_MARKER_BYTES, Marker, State
+from durable._tensorstore_codecs import (
+    CRC32C_RESIDUE,
+    array_metadata,
+    checksummed,
+    chunk_pattern,
+    is_codeword,
+    shard_crc,
+    shard_layout,
+)
+from durable._tensorstore_kv import (
+    MALFORMED,
+    Place,
+    UnusableETagError,
+    entry_for,
+    etag_error,
+    kvstore_spec,
+    probe,
+)
+from durable.adapters.base import ObjectInfo
+
+__all__ = [
+    "TensorStoreWriter",
+    "UnusableETagError",
+    "entry_for",
+    "kvstore_spec",
+    "open",
+    "write",
+    "writing",
+]
+
+log = logging.getLogger(__name__)
+
+_SHARD_READERS = 8  # shard indexes read at once at commit (small ranged reads)
+_MAX_METADATA = 64 * 1024 * 1024  # a zarr.json is read whole at commit
+_LOCK_SUFFIX = ".__lock"  # tensorstore's file driver writes KEY.__lock, then renames it
+_WARNED: set[str] = set()  # endpoints whose unusable ETags a writer was warned about
+
+
+# ------------------------------------------------------------------------------ writing
+class TensorStoreWriter:
+    """What `writing` yields: open arrays in the entry, and the writes to wait for."""
+
+    def __init__(self, place: Place, writer: EntryWriter, context: ts.Context) -> None:
+        self.entry = place.entry
+        self.url = place.entry.url
+        self.attempt = writer.attempt
+        self.context = context
+        self._place = place
+        self._writer = writer
+        self._pending: list[Any] = []
+        self._transactions: list[ts.Transaction] = []
+
+    def open(self, path: str = "", *, checksum_codec: bool = True,
+             spec: dict[str, Any] | None = None, **kwargs: Any) -> ts.TensorStore:
+        """Create or open the zarr3 array at ``path`` inside the entry ("" is the entry).
+
+        ``kwargs`` go to `tensorstore.open` (``create=True``, ``dtype``, ``shape``,
+        ``chunk_layout``, ``codec``, ``fill_value``, ``transaction``, ...); ``spec`` adds
+        members to the TensorStore spec (``{"metadata": {...}}``). A new array gets the
+        crc32c codec unless ``checksum_codec=False``. A ``transaction`` passed here is
+        committed, if still open, when the block ends.
+        """
+        full: dict[str, Any] = {"driver": "zarr3", **(spec or {})}
+        if "kvstore" in full or "kvstore" in kwargs:
+            raise ValueError(f"{self.url}: the kvstore is the entry's; do not pass one")
+        if checksum_codec and self._creates(path, kwargs):
+            checksummed(full, kwargs)
+        # The file driver's fsync per file and directory is left to the commit, which
+        # fsyncs every object and directory once, from a thread pool, before the marker.
+        extra = {"file_io_sync": False} if self._place.spec["driver"] == "file" else {}
+        kv = self._place.kvstore(path, **extra)
+        if isinstance(kv, dict):
+            full["kvstore"] = kv
+        else:
+            kwargs["kvstore"] = kv
+        if kwargs.get("transaction") is not None:
+            self._transactions.append(kwargs["transaction"])
+        return ts.open(full, context=self.context, **kwargs).result()
+
+    def _creates(self, path: str, kwargs: dict[str, Any]) -> bool:
+        if kwargs.get("delete_existing") or (kwargs.get("create") and not kwargs.get("open")):
+            return True  # a new array, or an error from tensorstore: nothing to look up
+        if not kwargs.get("create"):
+            return False
+        # Open or create: a codec constraint on an existing array without it fails the open.
+        where = f"{self.entry.path}/{path.strip('/')}".rstrip("/") + "/zarr.json"
+        return self.entry.adapter.info(where) is None
+
+    def track(self, future: Any) -> Any:
+        """Wait for ``future`` (a `WriteFutures`, any tensorstore Future) before committing."""
+        self._pending.append(future)
+        return future
+
+    def write(self, target: Any, value: Any) -> Any:
+        """``target.write(value)``, waited for before the commit; returns its WriteFutures."""
+        return self.track(target.write(value))
+
+    def _finish(self) -> None:
+        for future in self._pending:
+            # WriteFutures.commit resolves once the bytes are in the kvstore.
+            getattr(future, "commit", future).result()
+        for txn in self._transactions:
+            if txn.open:
+                txn.commit_sync()
+        self._record_codewords()
+
+    def _record_codewords(self) -> None:
+        """Record every object the manifest can be sure of without reading it back."""
+        adapter, writer = self.entry.adapter, self._writer
+        listing = adapter.list(self.entry.path)
+        # Temp files of a killed tensorstore file writer are never part of an entry.
+        locks = [i.path for k, i in listing.items() if k.endswith(_LOCK_SUFFIX)]
+        if locks:
+            adapter.delete(locks)
+            listing = {k: i for k, i in listing.items() if not k.endswith(_LOCK_SUFFIX)}
+        codewords: list[re.Pattern[str]] = []  # chunks of arrays whose last codec is crc32c
+        sharded: list[tuple[re.Pattern[str], tuple[int, bool]]] = []  # shards, their layout
+        for key, info in listing.items():
+            if key.rpartition("/")[2] != "zarr.json":
+                continue
+            # Through tensorstore's client (cheap); if it changed since the listing, the
+            # commit sees another version there and checks the record against its bytes.
+            data = self._place.read(info.path, self.context, _MAX_METADATA)
+            if data is None or len(data) != info.size:
+                raise IntegrityError(
+                    f"{adapter.url(info.path)}: listed with {info.size} bytes, read "
+                    f"{'nothing' if data is None else len(data)}", url=adapter.url(info.path),
+                    expected=info.size, found=None if data is None else len(data))
+            writer.record(key, len(data), crc32c(data), version=info.version)
+            meta = array_metadata(data)
+            pattern = None if meta is None else chunk_pattern(key[:-len("zarr.json")], meta)
+            if meta is None or pattern is None:
+                continue
+            if is_codeword(meta):
+                codewords.append(pattern)
+            elif (layout := shard_layout(meta)) is not None:
+                sharded.append((pattern, layout))
+        shards = []
+        for key, info in listing.items():
+            if info.size >= 4 and any(p.fullmatch(key) for p in codewords):
+                writer.record(key, info.size, CRC32C_RESIDUE, version=info.version)
+            else:
+                shards += [(key, info, layout) for p, layout in sharded if p.fullmatch(key)]
+
+        def one(item: tuple[str, ObjectInfo, tuple[int, bool]]) -> None:
+            key, info, (chunks, at_end) = item
+            crc = shard_crc(adapter, info, chunks, at_end)
+            if crc is not None:  # else left to the commit, which reads it whole
+                writer.record(key, info.size, crc, version=info.version)
+
+        if shards:
+            with ThreadPoolExecutor(min(_SHARD_READERS, len(shards))) as pool:
+                list(pool.map(one, shards))
+
+
+@contextlib.contextmanager
+def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+            context: ts.Context | None = None, overwrite: bool = False, update: bool = False,
+            resume: bool = False) -> Iterator[TensorStoreWriter]:
+    """Write arrays into the entry at ``url``; commit when the block ends cleanly.
+
+    ``overwrite``, ``update`` and ``resume`` are those of `Entry.writing`: a rewrite
+    (``overwrite=True``, or ``update=True`` to change a COMPLETE array in place) removes
+    the marker before anything changes, so no reader opens the entry mid-rewrite. At the
+    end of the block, every write passed to `TensorStoreWriter.track`/``write`` and every
+    transaction passed to `TensorStoreWriter.open` must succeed, then the marker is
+    written; writes started with ``array.write()`` and neither tracked nor waited for may
+    land after the commit, and the entry then fails verification. Any exception (a
+    failed write, KeyboardInterrupt) leaves no marker.
+    """
+    place = Place.of(url, storage_options)
+    ctx = context if context is not None else ts.Context()
+    # Before anything is written: a store whose ETags nothing can use fails here, with the
+    # endpoint and the ETag named, not at the commit in the adapter or in tensorstore.
+    found = probe(place, ctx)
+    if not found.readable:
+        raise etag_error(place, found, "nothing was written")
+    if not found.usable and place.endpoint not in _WARNED:
+        _WARNED.add(str(place.endpoint))
+        log.warning("%s", etag_error(place, found, "only writes that need no conditional "
+                                     "request can succeed"))
+    try:
+        with place.entry.writing(overwrite=overwrite, update=update, resume=resume) as ew:
+            writer = TensorStoreWriter(place, ew, ctx)
+            yield writer
+            writer._finish()
+    except ValueError as exc:
+        if MALFORMED not in str(exc):
+            raise
+        raise etag_error(place, found, "this write failed and nothing was committed") from exc
+
+
+def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | None = None,
+          storage_options: dict[str, Any] | None = None, context: ts.Context | None = None,
+          overwrite: bool = False, checksum_codec: bool = True, **kwargs: Any) -> Entry:
+    """Create the array ``data`` (NumPy-like) at ``url`` and commit it; returns the Entry."""
+    import numpy as np
+
+    values = np.asarray(data)
+    if chunks is not None:
+        kwargs["chunk_layout"] = ts.ChunkLayout(chunk_shape=list(chunks))
+    with writing(url, storage_options=storage_options, context=context,
+                 overwrite=overwrite) as w:
+        array = w.open(create=True, dtype=values.dtype, shape=values.shape,
+                       checksum_codec=checksum_codec, **kwargs)
+        w.write(array, values)
+    return w.entry
+
+
+# ------------------------------------------------------------------------------ reading
+_SEEN: dict[str, tuple[str, float]] = {}
+_SEEN_LOCK = threading.Lock()
+
+
+def _first_seen(url: str, attempt: str) -> float:
+    """When this process first saw commit ``attempt`` of ``url`` (its own clock).
+
+    Every object tensorstore cached before then may predate the commit (the old data, or a
+    rewrite in progress); nothing fetched after it can, since the marker is written after
+    the data and removed before any rewrite. Taken on this process's clock, the clock
+    tensorstore stamps its cache with: the writer's clock (the marker's committed_at) may
+    run behind it, and a bound too early skips the revalidation it exists for.
+    """
+    now = time.time()
+    with _SEEN_LOCK:
+        seen = _SEEN.get(url)
+        if seen is not None and seen[0] == attempt:
+            return seen[1]
+        _SEEN[url] = (attempt, now)
+    return now
+
+
+def _at_least(given: Any, bound: float) -> Any:
+    """The stricter of a caller's recheck option and the commit bound."""
+    if given is True or given == "open":
+        return given
+    if isinstance(given, int | float) and not isinstance(given, bool):
+        return max(float(given), bound)
+    return bound
+
+
+def _check_listing(entry: Entry, marker: Marker, listing: dict[str, ObjectInfo]) -> None:
+    assert marker.manifest is not None
+    objects = marker.manifest.objects
+    # Sizes first, names (URLs) only for what differs: this runs at every open.
+    wrong = [k for k, rec in objects.items()
+             if k not in listing or listing[k].size != rec.size]
+    extra = sorted(set(listing) - set(objects)) if len(listing) != len(objects) or wrong \
+        else []
+    if not wrong and not extra:
+        return
+    problems = []
+    for key in sorted(wrong):
+        url, rec, found = entry.adapter.url(f"{entry.path}/{key}"), objects[key], listing.get(key)
+        problems.append(Problem(key, url, "missing", expected=rec.size) if found is None
+                        else Problem(key, url, "size", rec.size, found.size))
+    problems += [Problem(k, entry.adapter.url(listing[k].path), "unexpected",
+                         found=listing[k].size) for k in extra]
+    first = problems[0]
+    raise IntegrityError(
+        f"{entry.url}: {len(problems)} of {len(objects)} objects do not match the manifest "
+        f"of commit {marker.attempt}: " + "; ".join(str(p) for p in problems[:20]),
+        url=first.url, expected=first.expected, found=first.found)
+
+
+def _read_marker(place: Place, context: ts.Context) -> Marker | None:
+    """The entry's marker, read through tensorstore's client: an open reads it twice, and
+    a request through tensorstore costs a tenth of the CPU of one through s3fs."""
+    where = place.entry.adapter.url(place.entry.layout.marker)
+    try:
+        data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
+    except ValueError as exc:
+        raise MarkerError(f"{where}: {exc}", url=where) from None
+    if data is None:
+        return None
+    marker = Marker.decode(data, where)
+    # An external manifest (over 10,000 objects): the adapter fetches and checks it.
+    return place.entry.read_marker() if marker.manifest_ref is not None else marker
+
+
+def _attempt_now(place: Place, context: ts.Context) -> str | None:
+    """The attempt of the marker there now (None: none), without decoding its manifest."""
+    try:
+        data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
+        attempt = None if data is None else json.loads(data)["attempt"]
+    except (ValueError, KeyError, TypeError):
+        return "(an unreadable marker)"
+    return attempt if attempt is None or isinstance(attempt, str) else "(a bad marker)"
+
+
+def _private(context: ts.Context) -> ts.Context:
+    """A child of ``context`` with a cache pool of its own (same size as the shared one)."""
+    pool: Any = {}
+    ctx: ts.Context | None = context
+    while ctx is not None and not pool:
+        spec = ctx.spec.to_json() if ctx.spec is not None else {}
+        pool = spec.get("cache_pool") if isinstance(spec.get("cache_pool"), dict) else {}
+        ctx = ctx.parent
+    return ts.Context(ts.Context.Spec({"cache_pool": pool}), parent=context)
+
+
+def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+         context: ts.Context | None = None, path: str = "", deep: bool = False,
+         read: bool = True, write: bool = False, spec: dict[str, Any] | None = None,
+         on_unusable_etags: Literal["private_cache", "error"] = "private_cache",
+         **kwargs: Any) -> ts.TensorStore:
+    """Open the zarr3 array at ``path`` in the COMPLETE entry ``url``, read-only.
+
+    IncompleteError unless the entry is COMPLETE; IntegrityError if its listing does not
+    match the manifest (``deep=True``: also if any object's CRC32C differs). Pass a shared
+    ``context`` with a ``cache_pool`` for speed: the handle revalidates everything that
+    context cached before this process first saw the entry's current commit, once, and
+    serves the rest from the cache. A handle reads the entry as committed when it was
+    opened: open again after the next commit. ``kwargs`` go to `tensorstore.open`; a
+    ``recheck_cached_*`` given there is used where it is stricter.
+
+    On a store whose versions tensorstore cannot revalidate with (see
+    `UnusableETagError`), the handle gets a cache of its own and no revalidation, or
+    with ``on_unusable_etags="error"`` the error.
+    """
+    if write or not read:
+        raise ValueError(f"{url}: durable.tensorstore.open reads only; change an entry "
+                         "with durable.tensorstore.writing(url, update=True)")
+    place = Place.of(url, storage_options)
+    entry = place.entry
+    ctx = context if context is not None else ts.Context()
+    # Before durable reads anything: a store whose ETags nothing can use fails here, with
+    # the endpoint and the ETag named, not in the adapter or in tensorstore.
+    found = probe(place, ctx, entry.layout.marker)
+    if not found.usable and (on_unusable_etags == "error" or not found.readable):
+        raise etag_error(place, found, "its cache cannot be revalidated")
+    with ThreadPoolExecutor(1) as pool:
+        # On a remote store the listing is an open's slowest request (it names every
+        # object): fetched while the marker and then the metadata are. A local one is
+        # CPU, not waiting: a thread would only add a hand-off.
+        remote = place.endpoint is not None and not deep
+        listing = pool.submit(entry.adapter.list, entry.path) if remote else None
+        marker = _read_marker(place, ctx)
+        if marker is None:
+            st = entry.status()
+            raise IncompleteError(f"{entry.url} is {st.state}: {st.reason}; only a "
+                                  "COMPLETE entry opens", url=entry.url, state=st.state)
+        if marker.kind != "prefix":
+            raise ValueError(f"{entry.url} is a single-object entry, not an array")
+        bound = _first_seen(entry.url, marker.attempt)
+        both = kwargs.pop("recheck_cached", None)
+        recheck = {name: _at_least(kwargs.pop(name, both), bound)
+                   for name in ("recheck_cached_data", "recheck_cached_metadata")}
+        if not found.usable:
+            # No conditional request is ever sent: nothing is revalidated, and a cache
+            # that starts empty with this handle holds nothing from before the commit.
+            ctx = _private(ctx)
+            recheck = dict.fromkeys(recheck, False)
+        full: dict[str, Any] = {"driver": "zarr3", **(spec or {})}
+        kv = place.kvstore(path)
+        if isinstance(kv, dict):
+            full["kvstore"] = kv
+        else:
+            kwargs["kvstore"] = kv
+        opening = ts.open(full, context=ctx, read=True, write=False, **recheck, **kwargs)
+        try:
+            # The handle is handed over only once both are done.
+            if deep:
+                entry.verify(deep=True)
+            else:
+                _check_listing(entry, marker, entry.adapter.list(entry.path)
+                               if listing is None else listing.result())
+        except BaseException:
+            opening.cancel()
+            raise
+        store = opening.result()
+    after = _attempt_now(place, ctx)
+    # A rewrite removes the marker before it changes anything, and a marker never comes
+    # back: the same commit's marker after the open means no rewrite started before it,
+    # so the metadata tensorstore read is this commit's.
+    if after != marker.attempt:
+        raise IncompleteError(
+            f"{entry.url} was rewritten while it was being opened (commit {marker.attempt} "
+            f"verified, {'no commit' if after is None else 'commit ' + after} after the "
+            "open); open it again", url=entry.url, state=State.INCOMPLETE)
+    return store

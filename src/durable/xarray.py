@@ -1,0 +1,89 @@
+"""xarray datasets as commit-marked zarr entries: `to_zarr` and `open_zarr`.
+
+The same guarantees as `durable.zarr` (metadata held back until every chunk is written,
+a marker last, every chunk read checked against the manifest), for datasets in memory or
+backed by dask, local or on a `distributed` cluster; xarray's own arguments pass through.
+
+Consolidated metadata: zarr format 2 has it in its spec (``.zmetadata``); for format 3,
+zarr-python writes it inline in the root ``zarr.json`` and warns on every write that it
+is not in the spec yet. Without it, a plain ``xarray.open_zarr(url)`` (``consolidated=None``)
+warns on every read of a format 3 store. `to_zarr` therefore consolidates by default and
+silences exactly that one zarr warning, on the write only, so that both `open_zarr` and a
+plain ``xarray.open_zarr`` of a committed entry read without a warning. Pass
+``consolidated=False`` to write without it; `open_zarr` then opens unconsolidated.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any, Literal
+
+import xarray as xr
+
+from durable._entry import Entry
+from durable.zarr import VerifyingStore, writing
+
+__all__ = ["open_zarr", "to_zarr"]
+
+_V3_CONSOLIDATED_WARNING = r"Consolidated metadata is currently not part in the Zarr format 3"
+
+
+def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None = None,
+            mode: Literal["w", "w-", "a", "a-", "r+"] | None = None,
+            overwrite: bool = False, resume: bool = False, update: bool | None = None,
+            consolidated: bool = True,
+            unrecorded: Literal["adopt", "error"] = "adopt", **xarray_kwargs: Any) -> Entry:
+    """Write ``ds`` to ``url`` as one entry (``Dataset.to_zarr`` inside `durable.zarr.writing`).
+
+    ``mode`` is xarray's; by default ``"w-"`` for a new entry, ``"w"`` with
+    ``resume=True`` (the killed attempt's chunks are rewritten), ``"a"`` with
+    ``update=True``. ``update`` defaults to True for the modes that change an existing
+    dataset (``"a"``, ``"a-"``, ``"r+"``: append_dim, region). ``overwrite``, ``resume``,
+    ``update`` and ``unrecorded`` are those of `durable.zarr.writing`. Other keyword
+    arguments go to ``Dataset.to_zarr``; ``compute=False`` is refused (the commit must
+    follow the writes). Returns the Entry.
+    """
+    if xarray_kwargs.get("compute", True) is False:
+        raise ValueError("durable.xarray.to_zarr commits when the data is written, so it "
+                         "cannot return a delayed write (compute=False); use "
+                         "durable.zarr.writing() and call to_zarr(store, compute=False) "
+                         "and compute inside it")
+    if update is None:
+        update = mode in ("a", "a-", "r+")
+    if mode is None:
+        mode = "w" if resume else "a" if update else "w-"
+    entry = Entry(url, storage_options=storage_options)
+    with writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
+                 update=update, unrecorded=unrecorded) as store, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
+        ds.to_zarr(store, mode=mode, consolidated=consolidated, **xarray_kwargs)
+    return entry
+
+
+def open_zarr(url: str, *, storage_options: dict[str, Any] | None = None,
+              **xarray_kwargs: Any) -> xr.Dataset:
+    """Open a COMPLETE entry with ``xarray.open_zarr``, every chunk read verified.
+
+    IncompleteError for an ABSENT or INCOMPLETE entry. ``consolidated`` defaults to what
+    the entry was written with, so no warning is raised either way.
+    """
+    store = VerifyingStore.from_url(url, storage_options=storage_options)
+    if "consolidated" not in xarray_kwargs:
+        xarray_kwargs["consolidated"] = _is_consolidated(store)
+    ds: xr.Dataset = xr.open_zarr(store, **xarray_kwargs)
+    return ds
+
+
+def _is_consolidated(store: VerifyingStore) -> bool:
+    if ".zmetadata" in store.manifest:
+        return True
+    if "zarr.json" not in store.manifest:
+        return False
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    group = sync(store.get("zarr.json", default_buffer_prototype()))
+    assert group is not None  # listed in the manifest: a missing one raised already
+    doc = json.loads(group.to_bytes())
+    return isinstance(doc, dict) and doc.get("consolidated_metadata") is not None

@@ -1,0 +1,103 @@
+"""zarr-python 3 entries that no reader can take for complete before they are, read verified.
+
+Writing (`writing`, `write`): every chunk goes through a `WritingStore`, which records its
+size and CRC32C from the bytes zarr hands over (no second read). The metadata documents
+(``zarr.json``; ``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``) are *held back* in a
+staging area beside the entry (``PARENT/.durable/NAME/staged``) and published into the
+entry only at commit, after every chunk, deepest first and the root last; the marker
+follows. A writer killed at any point before that leaves chunks without metadata: plain
+``zarr.open``/``xarray.open_zarr`` find no array, and `durable` says INCOMPLETE
+(incident 001). A writer killed *during* the publish leaves only arrays whose chunks are
+all written (a plain reader sees whole arrays or none) and still no marker.
+
+Reading (`open`, `VerifyingStore`): only a COMPLETE entry opens, and every key is checked
+against the manifest: a listed chunk must be there with its recorded size and CRC32C (a
+missing one is an IntegrityError, never fill values); a key the manifest does not list is
+the fill value if absent and an IntegrityError if present (it is not part of the commit).
+Listings come from the manifest, so they cost no request. Byte-range reads (sharding) are
+checked for length only: use ``checksum_codec=True`` (zarr's ``crc32c`` codec) or
+``Entry.verify(deep=True)`` where that matters.
+
+Many processes: a pickled `WritingStore` (dask workers) records into a manifest fragment
+of its process instead, merged by the coordinator at commit; `flush_fragments` runs on the
+workers before the commit (done for you for a `distributed` client).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import zarr
+
+from durable._entry import Entry
+from durable._zarr_reading import VerifyingStore
+from durable._zarr_writing import WritingStore, coordinating, flush_fragments
+
+__all__ = ["VerifyingStore", "WritingStore", "flush_fragments", "open", "write", "writing"]
+
+
+@contextlib.contextmanager
+def writing(url: str, *, storage_options: dict[str, Any] | None = None,
+            overwrite: bool = False, resume: bool = False, update: bool = False,
+            unrecorded: Literal["adopt", "error"] = "adopt") -> Iterator[WritingStore]:
+    """Write a zarr hierarchy or array at ``url`` as one entry; commit on clean exit.
+
+    Yields the `WritingStore` to pass to zarr (``zarr.create_array(store, ...)``,
+    ``zarr.open_array(store, mode="r+")``, ``ds.to_zarr(store)``). ``overwrite``,
+    ``resume`` and ``update`` are those of `Entry.writing`: ``update=True`` changes a
+    COMPLETE entry in place (append, resize), its metadata hidden from plain readers
+    until the new commit. ``unrecorded="error"`` refuses to commit chunks that no
+    process recorded (instead of reading them back).
+    """
+    entry = Entry(url, storage_options=storage_options)
+    with entry.writing(overwrite=overwrite, resume=resume, update=update,
+                       unrecorded=unrecorded) as writer, coordinating(
+            entry, writer, storage_options=storage_options, hide=resume or update) as store:
+        yield store
+
+
+def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "auto",
+          storage_options: dict[str, Any] | None = None, overwrite: bool = False,
+          zarr_format: Literal[2, 3] = 3, checksum_codec: bool = False,
+          **create_kwargs: Any) -> Entry:
+    """Create the array ``data`` (NumPy-like) at ``url`` and commit it; returns the Entry.
+
+    ``create_kwargs`` go to `zarr.create_array`. ``checksum_codec=True`` (zarr format 3)
+    appends zarr's ``crc32c`` codec to the compressors: 4 bytes and one CRC per chunk,
+    checked by any zarr reader, and the only check byte-range (sharded) reads get.
+    """
+    if checksum_codec:
+        if zarr_format != 3:
+            raise ValueError("checksum_codec needs zarr_format=3 (format 2 has no crc32c "
+                             "codec in its spec)")
+        from zarr.codecs import Crc32cCodec, ZstdCodec
+
+        compressors = create_kwargs.pop("compressors", "auto")
+        if compressors == "auto":
+            compressors = (ZstdCodec(),)
+        elif compressors is None:
+            compressors = ()
+        elif not isinstance(compressors, list | tuple):
+            compressors = (compressors,)
+        create_kwargs["compressors"] = (*compressors, Crc32cCodec())
+    entry = Entry(url, storage_options=storage_options)
+    with writing(url, storage_options=storage_options, overwrite=overwrite) as store:
+        zarr.create_array(store, data=data, chunks=chunks, zarr_format=zarr_format,
+                          **create_kwargs)
+    return entry
+
+
+def open(url: str, *, storage_options: dict[str, Any] | None = None,
+         mode: Literal["r"] = "r", **kwargs: Any) -> Any:
+    """Open a COMPLETE entry with zarr, every read checked against its manifest.
+
+    IncompleteError for an ABSENT or INCOMPLETE entry. ``kwargs`` go to `zarr.open`.
+    To change an entry, use ``writing(url, update=True)``.
+    """
+    if mode != "r":
+        raise ValueError(f"durable.zarr.open reads only (mode 'r', got {mode!r}); change an "
+                         "entry with durable.zarr.writing(url, update=True)")
+    store = VerifyingStore.from_url(url, storage_options=storage_options)
+    return zarr.open(store=store, mode="r", **kwargs)

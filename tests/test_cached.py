@@ -1,0 +1,466 @@
+"""`durable.cached`: one computation per entry across processes, a policy for each state.
+
+Real processes (tests/_cached_child.py) race, get SIGKILLed and SIGSTOPped; stores are the
+local disk and S3 (moto), and fsspec's memory store for threads of one process.
+Computations are counted through a file every computation appends a line to.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+import _cached_child
+import durable
+from _cached_child import Child, cached_compute, computations
+from durable import (
+    Entry,
+    IncompleteExistsError,
+    IntegrityError,
+    LeaseLostError,
+    State,
+    UnsupportedError,
+)
+from durable.adapters.local import LOCK_SUFFIX
+
+STALE = _cached_child.STALE_AFTER
+
+
+@dataclass
+class Store:
+    kind: str
+    root: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def corrupt(self, url: str) -> None:
+        """Flip the last byte of an object, around durable (same size)."""
+        if self.kind == "local":
+            path = url.removeprefix("file://")
+            data = bytearray(Path(path).read_bytes())
+            data[-1] ^= 0xFF
+            Path(path).write_bytes(bytes(data))
+        elif self.kind == "memory":
+            fs = MemoryFileSystem()
+            key = url.removeprefix("memory://")
+            data = bytearray(fs.cat_file(key))
+            data[-1] ^= 0xFF
+            fs.pipe_file(key, bytes(data))
+        else:
+            import boto3
+
+            bucket, _, key = url.removeprefix("s3://").partition("/")
+            client = boto3.client("s3", endpoint_url=self.options["endpoint_url"],
+                                  aws_access_key_id="testing", aws_secret_access_key="testing")
+            data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+            data[-1] ^= 0xFF
+            client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+
+@pytest.fixture
+def counter(tmp_path: Path) -> Iterator[str]:
+    path = str(tmp_path / "computations.log")
+    _cached_child.COUNTER = path
+    yield path
+    _cached_child.COUNTER = None
+    _cached_child.ON_COMPUTE = None
+    _cached_child.ON_WRITE = None
+    _cached_child.WRAP = False
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Store:
+    return Store("local", os.path.realpath(tmp_path / "cache"))
+
+
+@pytest.fixture
+def memory() -> Iterator[Store]:
+    root = f"/cached-{uuid.uuid4().hex[:12]}"
+    yield Store("memory", f"memory://{root}")
+    MemoryFileSystem().rm(root, recursive=True)
+
+
+@pytest.fixture(scope="module")
+def serial_moto() -> Iterator[Any]:
+    server = _cached_child.start_serial_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(serial_moto: Any) -> Store:
+    """A bucket on moto serving one request at a time (see start_serial_moto)."""
+    url, options = _cached_child.new_bucket(serial_moto)
+    return Store("s3", f"{url}/cache", options)
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def shared(request: pytest.FixtureRequest) -> Store:
+    """A store several processes see: the local disk, or S3."""
+    store: Store = request.getfixturevalue(request.param)
+    return store
+
+
+@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+def any_store(request: pytest.FixtureRequest) -> Store:
+    store: Store = request.getfixturevalue(request.param)
+    return store
+
+
+def child(mode: str, store: Store, *args: str) -> Child:
+    return Child(mode, store.root, json.dumps(store.options), *args)
+
+
+# one computation per round --------------------------------------------------------------------
+def race(store: Store, counter: str, n: int, n_rounds: int) -> list[dict[int, list[int]]]:
+    """``n`` processes call ``compute(r)`` together, round after round."""
+    ctx = multiprocessing.get_context("forkserver")
+    # Imported once in the fork server, not eight times over on two cores.
+    ctx.set_forkserver_preload(["_cached_child", "durable.adapters.s3"])
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_cached_child.rounds, args=(
+        store.root, store.options, counter, barrier, n_rounds, results, i)) for i in range(n)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join()
+    assert [p.exitcode for p in procs] == [0] * n
+    failed = {i: g for i, g in got.items() if isinstance(g, str)}
+    assert failed == {}
+    return [got[i] for i in range(n)]
+
+
+def test_processes_compute_each_entry_once(shared: Store, counter: str) -> None:
+    n, n_rounds = 8, 30
+    results = race(shared, counter, n, n_rounds)
+    done = computations(counter)
+    assert collections.Counter(x for x, _ in done) == {r: 1 for r in range(n_rounds)}
+    winner = dict(done)
+    assert len(set(winner.values())) > 1  # the race was real: more than one process won
+    # Every caller got the one stored result (the computing process too: read back).
+    for got in results:
+        assert got == {r: [r, winner[r]] for r in range(n_rounds)}
+    f = cached_compute(shared.root, shared.options, "raise")
+    for r in range(n_rounds):
+        assert f.entry(r).verify(deep=True).ok
+        assert f(r).tolist() == [r, winner[r]]
+    assert len(computations(counter)) == n_rounds
+
+
+def test_threads_compute_each_entry_once(memory: Store, counter: str) -> None:
+    n, rounds = 8, 30
+    f = cached_compute(memory.root, {}, "wait")
+    barrier = threading.Barrier(n)
+    results: list[list[list[int]]] = [[] for _ in range(n)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            for r in range(rounds):
+                barrier.wait()
+                results[i].append(f(r).tolist())
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert collections.Counter(x for x, _ in computations(counter)) == {
+        r: 1 for r in range(rounds)}
+    assert all(got == [[r, os.getpid()] for r in range(rounds)] for got in results)
+
+
+# states ---------------------------------------------------------------------------------------
+def test_hit_is_read_back_verified_and_never_recomputed(any_store: Store, counter: str) -> None:
+    f = cached_compute(any_store.root, any_store.options, "raise")
+    assert f.state(3) is State.ABSENT
+    first = f(3)
+    assert f.state(3) is State.COMPLETE
+    assert f(3).tolist() == first.tolist() == [3, os.getpid()]
+    assert len(computations(counter)) == 1
+    assert f.entry(3).verify(deep=True).ok
+
+
+def test_corrupt_result_is_an_integrity_error_never_a_recompute(any_store: Store,
+                                                                counter: str) -> None:
+    f = cached_compute(any_store.root, any_store.options, "raise")
+    f(5)
+    entry = f.entry(5)
+    any_store.corrupt(f"{entry.url}/value.npy")
+    for _ in range(2):
+        with pytest.raises(IntegrityError, match=r"value\.npy.*CRC32C"):
+            f(5)
+    assert len(computations(counter)) == 1  # never recomputed over it
+    f.clear(5)
+    assert f(5).tolist() == [5, os.getpid()]
+
+
+def test_killed_writer_raise_wait_takeover(shared: Store, counter: str) -> None:
+    """SIGKILLed mid-write: "raise" names the entry at once, "wait" sees the lease go
+    stale and calls it abandoned, "takeover" recomputes it."""
+    kid = child("hold", shared, counter, "7", "write")
+    kid.expect("writing")
+    kid.kill()
+    entry = cached_compute(shared.root, shared.options, "raise").entry(7)
+    assert entry.state() is State.INCOMPLETE
+
+    with pytest.raises(IncompleteExistsError) as raised:
+        cached_compute(shared.root, shared.options, "raise")(7)
+    text = str(raised.value)
+    assert entry.url in text and f"pid {kid.pid}" in text
+    assert "on_incomplete='wait'" in text and ".clear(" in text
+
+    with pytest.raises(IncompleteExistsError, match="abandoned") as waited:
+        cached_compute(shared.root, shared.options, "wait")(7)
+    assert entry.url in str(waited.value) and "on_incomplete='takeover'" in str(waited.value)
+    assert entry.state() is State.INCOMPLETE
+
+    got = cached_compute(shared.root, shared.options, "takeover")(7)
+    assert got.tolist() == [7, os.getpid()]
+    assert computations(counter) == [(7, kid.pid), (7, os.getpid())]
+    assert entry.verify(deep=True).ok
+
+
+def test_wait_returns_a_live_writers_result(shared: Store, counter: str) -> None:
+    kid = child("hold", shared, counter, "8", "compute")
+    kid.expect("computing")
+    f = cached_compute(shared.root, shared.options, "wait")
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(f(8)))
+    waiter.start()
+    # The writer is alive and renewing: the waiter must not call it abandoned, however
+    # long it waits (it would return with an error).
+    waiter.join(timeout=2.5 * STALE)
+    assert waiter.is_alive() and got == []
+    kid.go()
+    assert kid.finish() == json.dumps([8, kid.pid])
+    waiter.join()
+    assert got[0].tolist() == [8, kid.pid]
+    assert computations(counter) == [(8, kid.pid)]
+
+
+def _stop_outside_lock(kid: Child, store: Store, entry: Entry) -> None:
+    """SIGSTOP the child, but not inside a conditional write's lock (local disk): a
+    stopped lock holder would hold off every other writer until it continues."""
+    lock = os.path.dirname(entry.layout.lease) + LOCK_SUFFIX
+    while True:
+        kid.signal(signal.SIGSTOP)
+        if store.kind != "local":
+            return
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return  # free: released when fd closes
+        except OSError:
+            kid.signal(signal.SIGCONT)
+        finally:
+            os.close(fd)
+
+
+def test_paused_writer_cannot_commit_after_takeover(shared: Store, counter: str) -> None:
+    kid = child("hold", shared, counter, "9", "write")
+    kid.expect("writing")  # inside Entry.writing(), lease held and checked
+    entry = cached_compute(shared.root, shared.options, "raise").entry(9)
+    _stop_outside_lock(kid, shared, entry)
+
+    taking, finish = threading.Event(), threading.Event()
+
+    def hold_taker() -> None:
+        taking.set()
+        assert finish.wait(60)
+
+    _cached_child.ON_COMPUTE = hold_taker
+    got: list[Any] = []
+    taker = threading.Thread(target=lambda: got.append(
+        cached_compute(shared.root, shared.options, "takeover")(9)))
+    taker.start()
+    try:
+        assert taking.wait(60), "the taker never took the stopped writer's lease over"
+        kid.signal(signal.SIGCONT)
+        last = kid.finish()
+        assert last.startswith("LeaseLostError"), last
+        # The paused writer wrote its objects but no marker: the taker still computes.
+        assert entry.read_marker() is None
+    finally:
+        finish.set()
+        taker.join()
+    assert got[0].tolist() == [9, os.getpid()]
+    marker = entry.read_marker()
+    assert marker is not None and marker.writer["pid"] == os.getpid()
+    assert computations(counter) == [(9, kid.pid), (9, os.getpid())]
+    assert entry.verify(deep=True).ok
+
+
+def test_another_writer_commits_first(local: Store, counter: str) -> None:
+    """A writer without a lease commits the entry while we compute: we return its result."""
+    f = cached_compute(local.root, {}, "raise")
+    entry = f.entry(4)
+
+    def other_commits() -> None:
+        # resume=True: our lease's record is there, and a writer without a lease that
+        # wants in anyway resumes rather than clears (which would remove our lease).
+        with entry.writing(resume=True) as w:
+            w.write_bytes("value.json", b"[4, 1]")
+            w.write_bytes("key.json", b"{}")
+
+    _cached_child.ON_COMPUTE = other_commits
+    assert f(4) == [4, 1]
+    assert f(4) == [4, 1]
+    assert computations(counter) == [(4, os.getpid())]
+
+
+def test_leftover_without_lease(local: Store, counter: str) -> None:
+    f = cached_compute(local.root, {}, "raise")
+    entry = f.entry(6)
+    os.makedirs(entry.path)
+    Path(entry.path, "value.npy").write_bytes(b"half")  # written by no durable writer
+    for policy in ("raise", "wait"):
+        with pytest.raises(IncompleteExistsError, match="no writer holds its lease"):
+            cached_compute(local.root, {}, policy)(6)
+    assert computations(counter) == []
+    assert cached_compute(local.root, {}, "takeover")(6).tolist() == [6, os.getpid()]
+
+
+def test_recompute_and_clear(local: Store, counter: str) -> None:
+    f = cached_compute(local.root, {}, "raise")
+    f(2)
+    assert f.recompute(2).tolist() == [2, os.getpid()]
+    assert len(computations(counter)) == 2
+    f.clear(2)
+    assert f.state(2) is State.ABSENT
+    assert f(2).tolist() == [2, os.getpid()]
+    assert len(computations(counter)) == 3
+
+
+# keys and serializers -------------------------------------------------------------------------
+def test_key_is_canonical_inspectable_and_versioned(local: Store) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    @durable.cached(local.root)
+    def g(a: int, b: str = "x y", *rest: int, **kw: Any) -> dict[str, Any]:
+        calls.append((a, b, rest, kw))
+        return {"a": a}
+
+    assert g.entry(1).url == g.entry(1, "x y").url == g.entry(a=1, b="x y").url
+    name = g.entry(1).url.rsplit("/", 1)[1]
+    assert name.startswith("a=1,b=x_y-") and len(name.rsplit("-", 1)[1]) == 16
+    assert "/test_cached.test_key_is_canonical_inspectable_and_versioned._locals_.g/v1/" \
+        in g.entry(1).url
+    assert g.entry(1).url != g.entry(1, "x_y").url  # the readable part is a hint only
+    assert g.entry(1, "b", 2, k=[1, 2]).url != g.entry(1, "b", 2, k=[1, 3]).url
+    g(1)
+    doc = json.loads(Path(g.entry(1).path, "key.json").read_bytes())
+    assert doc["key"] == {"a": 1, "b": "x y", "rest": [], "kw": {}}
+    assert doc["version"] == "1"
+    assert doc["function"] == (f"{__name__}.test_key_is_canonical_inspectable_and_versioned."
+                               "<locals>.g")
+
+    v2 = durable.cached(local.root, version="2")(g.__wrapped__)
+    assert "/v2/" in v2.entry(1).url and v2.state(1) is State.ABSENT
+
+    with pytest.raises(TypeError, match=r"argument 'a'.*pass key="):
+        g(object())
+    keyed = durable.cached(local.root, key=lambda a, *r, **k: {"id": id(a) * 0 + 1})(
+        g.__wrapped__)
+    assert keyed.entry(object()).url == keyed.entry(object()).url
+
+
+def _value_keys(entry: Entry) -> list[str]:
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    return sorted(marker.manifest.objects)
+
+
+@pytest.mark.parametrize(("value", "stored"), [
+    (b"\x00\x01raw", "value.bin"),
+    ({"a": [1, 2.5, None, True, "s"]}, "value.json"),
+    (np.arange(12, dtype=np.float32).reshape(3, 4), "value.npy"),
+    (np.asfortranarray(np.arange(12, dtype=">i2").reshape(3, 4)), "value.npy"),
+    (np.array(2.5), "value.npy"),
+    (np.zeros(3, dtype=[("a", "<i4"), ("b", "?")]), "value.npy"),
+    (np.array([], dtype=np.uint8), "value.npy"),
+])
+def test_serializers_by_type(local: Store, value: Any, stored: str) -> None:
+    f = durable.cached(local.root)(lambda: value)
+    got = f()
+    assert _value_keys(f.entry()) == ["key.json", stored]
+    if isinstance(value, np.ndarray):
+        assert got.dtype == value.dtype and got.shape == value.shape
+        assert (got == value).all() and got.flags.writeable
+        assert got.flags.f_contiguous == value.flags.f_contiguous
+    else:
+        assert got == value
+
+
+def test_dataframe_as_parquet(local: Store) -> None:
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})
+    f = durable.cached(local.root)(lambda: frame)
+    pd.testing.assert_frame_equal(f(), frame)
+    assert "value.parquet" in _value_keys(f.entry())
+
+
+def test_xarray_as_zarr(local: Store) -> None:
+    xr = pytest.importorskip("xarray")
+    ds = xr.Dataset({"t": (("x",), np.arange(6.0))}, coords={"x": np.arange(6)})
+    f = durable.cached(local.root)(lambda: ds)
+    xr.testing.assert_identical(f().load(), ds)
+    da = durable.cached(local.root, version=2)(lambda: ds["t"].rename(None))
+    xr.testing.assert_identical(da().load(), ds["t"].rename(None))
+    keys = _value_keys(f.entry())
+    assert "value.zarr/zarr.json" in keys and "key.json" in keys
+
+
+def test_pickle_only_when_asked(local: Store) -> None:
+    f = durable.cached(local.root)(lambda: (1, "tuple"))
+    with pytest.raises(TypeError, match=r"tuple.*pickle=True"):
+        f()
+    assert f.state() is State.ABSENT
+    p = durable.cached(local.root, pickle=True)(f.__wrapped__)
+    assert p() == (1, "tuple")
+    with pytest.raises(UnsupportedError, match="pickle=True"):
+        durable.cached(local.root)(f.__wrapped__)()
+
+
+def test_registered_serializer(local: Store) -> None:
+    class Point:
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+    durable.register_serializer(Point, name="point-test", dumps=lambda p: str(p.x).encode(),
+                                loads=lambda b: Point(int(b)))
+    f = durable.cached(local.root)(lambda: Point(3))
+    assert f().x == 3
+    assert "value.point-test" in _value_keys(f.entry())
+    with pytest.raises(ValueError, match="built-in"):
+        durable.register_serializer(Point, name="npy", dumps=bytes, loads=bytes)
+
+
+def test_lease_lost_mid_computation_never_commits(local: Store, counter: str) -> None:
+    """The lease is removed under a computing writer (Entry.delete by hand): it must not
+    commit over what it no longer owns."""
+    f = cached_compute(local.root, {}, "raise")
+    entry = f.entry(11)
+    _cached_child.ON_COMPUTE = entry.delete
+    with pytest.raises(LeaseLostError):
+        f(11)
+    assert entry.read_marker() is None
+

@@ -1,0 +1,507 @@
+"""`durable.Lease` on its own and around `Entry.writing()`: exclusive, renewed, fenced.
+
+Real stores (local disk, fsspec memory, S3 on moto), real processes (SIGKILLed holders,
+racing conditional writes from forked processes) and the fault proxy for an unreachable
+store. Small heartbeats (0.2 s) and staleness (1 s) keep it quick.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+import _cached_child
+from _cached_child import Child
+from durable import (
+    Entry,
+    IncompleteExistsError,
+    Lease,
+    LeaseLostError,
+    State,
+    UnsupportedError,
+)
+from durable._lease import LeaseWatch
+from durable.adapters import resolve
+from durable.adapters.base import VersionMismatchError
+from durable.testing.faults import FaultProxy, Match, delay, error
+from durable.testing.pytest_plugin import Bucket
+
+BEAT, STALE = 0.2, 1.0
+
+
+@dataclass
+class Place:
+    kind: str
+    url: str  # an entry's URL
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def lease(self, **kw: Any) -> Lease:
+        kw.setdefault("heartbeat", BEAT)
+        kw.setdefault("stale_after", STALE)
+        return Lease(self.url, storage_options=self.options or None, **kw)
+
+    def entry(self) -> Entry:
+        return Entry(self.url, storage_options=self.options or None)
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Place:
+    return Place("local", os.path.realpath(tmp_path / "ent"))
+
+
+@pytest.fixture
+def memory() -> Iterator[Place]:
+    root = f"/lease-{uuid.uuid4().hex[:12]}"
+    yield Place("memory", f"memory://{root}/ent")
+    MemoryFileSystem().rm(root, recursive=True)
+
+
+@pytest.fixture(scope="module")
+def serial_moto() -> Iterator[Any]:
+    server = _cached_child.start_serial_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(serial_moto: Any) -> Place:
+    """A bucket on moto serving one request at a time (see start_serial_moto)."""
+    url, options = _cached_child.new_bucket(serial_moto)
+    return Place("s3", f"{url}/ent", options)
+
+
+@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+def place(request: pytest.FixtureRequest) -> Place:
+    p: Place = request.getfixturevalue(request.param)
+    return p
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def shared(request: pytest.FixtureRequest) -> Place:
+    p: Place = request.getfixturevalue(request.param)
+    return p
+
+
+def raw_exists(place: Place, path: str) -> bool:
+    """Whether an object exists, asked of fsspec directly (around durable)."""
+    fs, _ = fsspec.core.url_to_fs(place.url, **place.options)
+    fs.invalidate_cache()
+    return bool(fs.exists(path))
+
+
+def wait_for(cond: Any, what: str, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+# acquiring and releasing ------------------------------------------------------------------
+def test_one_holder_at_a_time_and_release_removes_it(place: Place) -> None:
+    entry = place.entry()
+    with place.lease() as first:
+        assert first.held and entry.state() is State.INCOMPLETE
+        assert raw_exists(place, entry.layout.lease)
+        with pytest.raises(IncompleteExistsError, match=f"pid {os.getpid()}"):
+            place.lease().acquire()
+    assert not first.held
+    assert not raw_exists(place, entry.layout.lease)
+    assert entry.state() is State.ABSENT  # nothing left behind, not even a directory
+    with place.lease() as second:
+        assert second.held
+
+
+def test_heartbeat_renews_and_a_watcher_sees_it_live(shared: Place) -> None:
+    watch = LeaseWatch(shared.url, storage_options=shared.options or None, stale_after=STALE)
+    with shared.lease() as lease:
+        versions = set()
+        until = time.monotonic() + 2.5 * STALE
+        while time.monotonic() < until:
+            view = watch.poll()
+            assert view is not None and not view.stale, view
+            versions.add(view.version)
+            time.sleep(0.05)
+        assert len(versions) >= 3  # renewed, each time a new version
+        assert lease.held
+
+
+ROUNDS = 50
+PROCESS_ROUNDS = 150  # processes leave a barrier less together than threads do
+
+
+def one_winner_per_round(outcomes: dict[int, list[str]]) -> None:
+    assert all(isinstance(o, list) for o in outcomes.values()), outcomes
+    for r in range(len(next(iter(outcomes.values())))):
+        won = [i for i, o in outcomes.items() if o[r] == "won"]
+        assert len(won) == 1, f"round {r}: {len(won)} writers won one version"
+
+
+@pytest.mark.parametrize("how", ["processes", "threads"])
+def test_conditional_write_has_one_winner(local: Place, how: str) -> None:
+    adapter, path = resolve(f"{local.url}/obj")
+    adapter.put(path, b"start")
+    n = 8
+    if how == "processes":
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["_cached_child", "durable.adapters.s3"])
+        barrier, results = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_cached_child.cas_racer,
+                             args=(path, {}, PROCESS_ROUNDS, barrier, results, i))
+                 for i in range(n)]
+        for p in procs:
+            p.start()
+        outcomes = dict(results.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join()
+    else:
+        outcomes = race_threads(adapter, path, n)
+    one_winner_per_round(outcomes)
+
+
+def race_threads(adapter: Any, path: str, n: int, rounds: int = ROUNDS) -> dict[int, list[str]]:
+    barrier = threading.Barrier(n)
+    outcomes: dict[int, list[str]] = {i: [] for i in range(n)}
+
+    def run(i: int) -> None:
+        for _ in range(rounds):
+            barrier.wait()
+            version = adapter.info(path).version
+            barrier.wait()
+            try:
+                # Bodies never repeat: an ETag is a hash of the bytes, so a body written
+                # before would bring an old version back (ABA) and let a stale If-Match pass.
+                adapter.replace_if(path, f"racer {i} {uuid.uuid4()}".encode(), version)
+                outcomes[i].append("won")
+            except VersionMismatchError:
+                outcomes[i].append("lost")
+
+    # Switch threads as often as possible: a check and a write not made one step would
+    # be interleaved (in-process stores; a remote store's own threads decide there).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6 if adapter.name in ("local", "memory") else interval)
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return outcomes
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
+def test_conditional_write_has_one_winner_on_stores(kind: str,
+                                                    request: pytest.FixtureRequest) -> None:
+    place: Place = request.getfixturevalue(kind)
+    adapter, path = resolve(f"{place.url}/obj", place.options or None)
+    adapter.put(path, b"start")
+    one_winner_per_round(race_threads(adapter, path, 8, ROUNDS if kind == "memory" else 5))
+    version = adapter.info(path).version
+    assert version is not None
+    with pytest.raises(VersionMismatchError):
+        adapter.delete_if(path, '"0"' if kind == "s3" else "g0:1")
+    adapter.delete_if(path, version)
+    assert adapter.info(path) is None
+
+
+# a dead holder ----------------------------------------------------------------------------
+def test_killed_holder_goes_stale_and_exactly_one_waiter_takes_over(shared: Place) -> None:
+    import json
+
+    kid = Child("lease", shared.url, json.dumps(shared.options))
+    kid.expect("held")
+    kid.kill()
+    dead = LeaseWatch(shared.url, storage_options=shared.options or None).poll()
+    assert dead is not None
+    n = 8
+    barrier = threading.Barrier(n)
+    outcome: dict[int, str] = {}
+    takers: dict[int, Lease] = {}
+
+    def wait_and_take(i: int) -> None:
+        watch = LeaseWatch(shared.url, storage_options=shared.options or None,
+                           stale_after=STALE)
+        barrier.wait()
+        while True:
+            view = watch.poll()
+            assert view is not None
+            if view.version != dead.version:
+                outcome[i] = "too late"  # taken over while this waiter was still counting
+                return
+            if view.stale and view.holder is not None:
+                break  # (no holder: its body could not be read, replaced meanwhile)
+            time.sleep(0.05)
+        assert view.holder["pid"] == kid.pid
+        taker = shared.lease()
+        try:
+            taker.take_over(view)
+            outcome[i], takers[i] = "took", taker
+        except IncompleteExistsError:
+            outcome[i] = "too late"
+
+    threads = [threading.Thread(target=wait_and_take, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert collections.Counter(outcome.values()) == {"took": 1, "too late": n - 1}
+    (taker,) = takers.values()
+    assert taker.held
+    taker.release()
+    assert shared.entry().state() is State.ABSENT
+
+
+# a holder that lost its lease -------------------------------------------------------------
+def take_over_now(place: Place, lease: Lease) -> Lease:
+    """What a waiter does once it has seen ``lease`` stale: a conditional write on the
+    version it saw (here without waiting for staleness, and the holder still alive)."""
+    with lease._lock:  # not between two of the holder's own renewals
+        view = LeaseWatch(place.url, storage_options=place.options or None).poll()
+        assert view is not None
+        stale = type(view)(view.version, view.holder, STALE, STALE, True)
+        taker = place.lease()
+        taker.take_over(stale)
+    return taker
+
+
+def test_a_holder_that_lost_its_lease_never_commits(place: Place) -> None:
+    entry = place.entry()
+    holder = place.lease().acquire()
+    with pytest.raises(LeaseLostError), entry.writing(lease=holder) as w:
+        w.write_bytes("a", b"holder's")
+        taker = take_over_now(place, holder)
+    assert entry.read_marker() is None  # no marker, and nothing of the taker's removed
+    assert holder.lost is not None
+    with pytest.raises(LeaseLostError):
+        holder.check()
+    holder.release()  # leaves the taker's lease alone
+    assert taker.held
+    with entry.writing(lease=taker, overwrite=True) as w:
+        w.write_bytes("a", b"taker's")
+    taker.release()
+    assert entry.state() is State.COMPLETE
+    assert Entry(place.url, storage_options=place.options or None).verify(deep=True).ok
+
+
+def test_heartbeat_notices_a_takeover(shared: Place) -> None:
+    holder = shared.lease().acquire()
+    taker = take_over_now(shared, holder)
+    wait_for(lambda: holder.lost is not None, "the holder's heartbeat sees the takeover")
+    assert "taken over" in (holder.lost or "")
+    with pytest.raises(LeaseLostError):
+        holder.check()
+    holder.release()
+    assert taker.held
+    taker.release()
+
+
+@pytest.mark.s3
+def test_a_holder_cut_off_from_the_store_loses_its_lease(s3_bucket: Bucket) -> None:
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        # One attempt per botocore call: with its default retries (on top of s3fs's own),
+        # a renewal against a store answering 503 takes about a minute to give up.
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url,
+                   "config_kwargs": {"retries": {"max_attempts": 1}}}
+        place = Place("s3", s3_bucket.path("cut"), options)
+        entry = place.entry()
+        holder = place.lease().acquire()
+        with pytest.raises(LeaseLostError, match="not renewed"), \
+                entry.writing(lease=holder) as w:
+            w.write_bytes("a", b"data")
+            # From here every write of the lease fails, as in an outage.
+            proxy.add(error(503, method="PUT", key="lease.json"))
+            wait_for(lambda: holder.lost is not None, "the holder gives its lease up")
+        proxy.clear()
+        assert entry.read_marker() is None
+        holder.release()
+
+
+# fencing ----------------------------------------------------------------------------------
+def test_on_local_disk_no_takeover_lands_inside_the_fence(local: Place) -> None:
+    import json
+
+    kid = Child("lease", local.url, json.dumps({}))
+    kid.expect("held")
+    kid.go()
+    kid.expect("fenced")  # the child is inside Lease.fenced(): about to commit
+    adapter, _ = resolve(local.url)
+    path = local.entry().layout.lease
+    version = adapter.info(path).version  # type: ignore[union-attr]
+    assert version is not None  # the current version: without the fence, a CAS would pass
+    got: list[str] = []
+
+    def take() -> None:
+        try:
+            adapter.replace_if(path, b"taker", version)
+            got.append("won")
+        except VersionMismatchError:
+            got.append("lost")
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    taker.join(timeout=3 * STALE)
+    assert taker.is_alive() and got == []  # held off however long the holder takes
+    assert kid.finish() == "released"
+    taker.join()
+    # After the fence: the taker's write lands before the holder's release (which then
+    # leaves the taker's lease alone) or after it (the version is gone): either way once.
+    assert len(got) == 1
+
+
+@pytest.mark.s3
+def test_on_s3_the_fence_stops_a_commit_taken_over_midway(s3_bucket: Bucket) -> None:
+    """A holder stalls inside its commit (after the commit's first renewal, before the
+    marker) long enough for a waiter to take over: the fence's renewal must stop it."""
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        slow = Place("s3", s3_bucket.path("ent"),
+                     {**s3_bucket.storage_options, "endpoint_url": proxy.url})
+        direct = Place("s3", s3_bucket.path("ent"), dict(s3_bucket.storage_options))
+        committing = threading.Event()
+
+        def first_look(_: Any) -> bool:
+            committing.set()
+            return True
+
+        # The commit's look for another marker stalls (a slow network), and from then on
+        # so do the holder's renewals: to a waiter, the holder looks dead.
+        proxy.add(delay(3.0, match=Match(methods="HEAD", key="commit.json", where=first_look)))
+        proxy.add(delay(6.0, match=Match(methods="PUT", key="lease.json",
+                                         where=lambda _: committing.is_set())))
+        taken: list[Lease] = []
+
+        def take_over_when_stale() -> None:
+            assert committing.wait(30)
+            watch = LeaseWatch(direct.url, storage_options=direct.options, stale_after=STALE)
+            while not (view := watch.poll()) or not view.stale:  # type: ignore[union-attr]
+                time.sleep(0.05)
+            taken.append(direct.lease().take_over(view))
+
+        waiter = threading.Thread(target=take_over_when_stale)
+        waiter.start()
+        holder = slow.lease().acquire()
+        with pytest.raises(LeaseLostError), slow.entry().writing(lease=holder) as w:
+            w.write_bytes("a", b"holder's")
+        waiter.join()
+        assert len(taken) == 1 and taken[0].held
+        assert direct.entry().read_marker() is None
+        taken[0].release()
+        proxy.clear()
+        holder.release()
+
+
+# with Entry.writing() --------------------------------------------------------------------
+def test_writing_under_a_lease(place: Place) -> None:
+    entry = place.entry()
+    with place.lease() as lease:
+        with pytest.raises(RuntimeError, match="boom"), entry.writing(lease=lease) as w:
+            w.write_bytes("x", b"1")
+            raise RuntimeError("boom")
+        assert lease.held and entry.state() is State.INCOMPLETE  # the lease alone
+        with entry.writing(lease=lease) as w:
+            w.write_bytes("x", b"2")
+        with entry.writing(lease=lease, overwrite=True) as w:
+            w.write_bytes("y", b"3")
+        assert lease.held
+    assert entry.state() is State.COMPLETE
+    marker = entry.read_marker()
+    assert marker is not None and sorted(marker.manifest.objects) == ["y"]  # type: ignore[union-attr]
+    with place.lease() as lease, pytest.raises(RuntimeError), entry.writing(
+            lease=lease, overwrite=True) as w:
+        w.write_bytes("z", b"4")
+        raise RuntimeError("fail an overwrite")
+    assert entry.state() is State.ABSENT
+    other = Place(place.kind, place.url + "-other", place.options)
+    with other.lease() as wrong, pytest.raises(ValueError, match="not the lease"), \
+            entry.writing(lease=wrong):
+        pass  # pragma: no cover
+
+
+def test_a_failed_writer_leaves_the_entry_absent(place: Place) -> None:
+    entry = place.entry()
+    with place.lease() as lease, pytest.raises(ZeroDivisionError), \
+            entry.writing(lease=lease) as w:
+        w.write_bytes("x", b"1")
+        _ = 1 / 0
+    assert entry.state() is State.ABSENT
+
+
+# GCS and Azure ------------------------------------------------------------------------------
+@pytest.mark.parametrize("fixture", [pytest.param("azure_container", marks=pytest.mark.azure),
+                                     pytest.param("fake_gcs_bucket", marks=pytest.mark.gcs)])
+def test_leases_on_azure_and_gcs(fixture: str, request: pytest.FixtureRequest) -> None:
+    bucket: Bucket = request.getfixturevalue(fixture)
+    place = Place(bucket.protocol, bucket.path("ent"), dict(bucket.storage_options))
+    entry = place.entry()
+    adapter, path = resolve(bucket.path("obj"), place.options)
+    adapter.put(path, b"start")
+    one_winner_per_round(race_threads(adapter, path, 8, 3))
+    with place.lease() as lease:
+        with pytest.raises(IncompleteExistsError):
+            place.lease().acquire()
+        first = lease.version
+        wait_for(lambda: lease.version != first, "a renewal")
+        taker = take_over_now(place, lease)
+        wait_for(lambda: lease.lost is not None, "the holder sees the takeover")
+    with taker, entry.writing(lease=taker) as w:
+        w.write_bytes("a", b"1")
+    assert entry.state() is State.COMPLETE
+    assert not raw_exists(place, entry.layout.lease)
+
+
+@pytest.mark.gcs
+def test_no_lease_where_the_emulator_ignores_preconditions(gcs_bucket: Bucket) -> None:
+    """gcp-storage-emulator enforces no ifGenerationMatch: the probe sees it, and a lease
+    there would be a silent race, so it is refused."""
+    with pytest.raises(UnsupportedError, match="best_effort=True"):
+        Lease(gcs_bucket.path("ent"), storage_options=dict(gcs_bucket.storage_options),
+              heartbeat=BEAT, stale_after=STALE).acquire()
+
+
+# stores without conditional writes --------------------------------------------------------
+def test_no_conditional_writes_no_lease_unless_best_effort(tmp_path: Path) -> None:
+    fs = DirFileSystem(path=str(tmp_path), fs=fsspec.filesystem("file"))
+    options = dict(fs.storage_options)
+    with pytest.raises(UnsupportedError, match="best_effort=True"):
+        Lease("dir://sub/ent", storage_options=options).acquire()
+    entry = Entry("dir://sub/ent", storage_options=options)
+    with Lease("dir://sub/ent", storage_options=options, heartbeat=BEAT, stale_after=STALE,
+               best_effort=True) as lease, entry.writing(lease=lease) as w:
+        w.write_bytes("x", b"1")
+    assert entry.state() is State.COMPLETE
+
+
+def test_stale_after_must_leave_room_for_renewals(local: Place) -> None:
+    with pytest.raises(ValueError, match="twice the heartbeat"):
+        Lease(local.url, heartbeat=1.0, stale_after=1.5)
+
+
+def test_killed_holder_child_really_held_it(local: Place) -> None:
+    """The control for the takeover tests: a live child holder keeps its lease live."""
+    import json
+
+    kid = Child("lease", local.url, json.dumps({}))
+    kid.expect("held")
+    watch = LeaseWatch(local.url, stale_after=STALE)
+    until = time.monotonic() + 2 * STALE
+    while time.monotonic() < until:
+        view = watch.poll()
+        assert view is not None and not view.stale
+        time.sleep(0.05)
+    kid.signal(signal.SIGTERM)
+    kid.proc.communicate()

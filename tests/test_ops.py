@@ -1,0 +1,900 @@
+"""Operating a root of 2,000 entries: scan, verify, mark-complete and clean (issue 7).
+
+The root mixes every kind of entry an operator meets, each made the way it happens:
+
+- COMPLETE: written through `Entry.writing()` (and a few single objects by `atomic_write`);
+- corrupted: written whole, then a chunk truncated, or one byte flipped, in place;
+- unmarked: whole data written without durable (before it was deployed);
+- killed: a child process inside `Entry.writing()` for many entries at once, SIGKILLed
+  before any commit: attempt records and objects, no marker (on disk also half-written
+  temp files, of an entry's object and of `atomic_write`s);
+- abandoned: killed writers whose attempt started 3 days ago. Ages are made without
+  sleeping: the attempt record's started_at is set back (and on disk the files' mtimes);
+- leased: killed writers holding a lease file, one kept alive by a heartbeat, one stale;
+- orphan records: killed writers whose data another tool deleted since.
+
+On disk the data written before the killed writers is also set 10 days back, so that an
+age alone never protects a COMPLETE or unmarked entry in these tests: only the rules do.
+
+Everything is checked from outside durable: files read with os, objects listed with boto3
+(the ETag of a single PUT is the MD5 of its bytes, so equal listings mean equal bytes).
+The CLI runs in-process (click's CliRunner), as an operator would run it.
+
+Run as a script (``python test_ops.py kill ROOT OPTIONS NAMES STRAYS``) this file is the
+killed writer: it opens every writer, reports "ready" and waits to be SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SIZES = {"complete": 1790, "object": 10, "unmarked": 100, "trunc": 10, "flip": 10,
+         "killed": 30, "abandoned": 30, "live": 5, "stale": 5, "orphan": 10}
+KILLED_KINDS = ("killed", "abandoned", "live", "stale", "orphan")
+OLD = 3 * 86400  # abandoned: started 3 days ago
+OLDER = 10 * 86400  # data written before the killed writers ran (local disk only)
+STALE_AFTER = 0.5  # seconds, in the lease files this test writes
+ZARR_JSON = b'{"zarr_format": 3, "node_type": "array"}'
+
+
+def names(kind: str) -> list[str]:
+    if kind == "object":
+        return [f"object-{i:02d}.bin" for i in range(SIZES[kind])]
+    return [f"{kind}-{i:04d}.zarr" for i in range(SIZES[kind])]
+
+
+def kind_of(name: str) -> str:
+    return name.partition("-")[0]
+
+
+def chunk(name: str, size: int = 16) -> bytes:
+    return (name.encode() * size)[:size]
+
+
+def iso(when: float) -> str:
+    return dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# the killed writer (a child process) ------------------------------------------------------
+def _child(root: str, options: dict[str, Any], entry_names: list[str], strays: bool) -> None:
+    from durable import Entry, atomic_write
+
+    keep: list[Any] = []  # referenced until the kill: a collected writer would clean up
+
+    def start(name: str) -> None:
+        cm = Entry(f"{root}/{name}", storage_options=options).writing()
+        w = cm.__enter__()
+        w.write_bytes("zarr.json", ZARR_JSON)
+        w.fs.pipe_file(f"{w.path}/c/0", chunk(name, 64))  # the fsspec way, as zarr writes
+        keep.append((cm, w))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(start, entry_names))
+    if strays:
+        # Half-written objects: one inside an abandoned entry, two atomic_writes beside.
+        w = next(w for _, w in keep if w.path.endswith("/abandoned-0000.zarr"))
+        f = w.open("c/1")
+        f.write(b"half an object")
+        keep.append(f)
+        for stray in ("stray-old.bin", "stray-new.bin"):
+            cm = atomic_write(f"{root}/{stray}", storage_options=options)
+            handle = cm.__enter__()
+            handle.write(b"half a file")
+            handle.flush()
+            keep.append((cm, handle))
+    print("ready", flush=True)
+    sys.stdin.readline()  # SIGKILLed here
+
+
+def _child_leased(root: str, options: dict[str, Any], entry_names: list[str]) -> None:
+    """Writers holding a real `durable.Lease`, killed: their lease files stop changing."""
+    from durable import Entry, Lease
+
+    keep: list[Any] = []
+    for name in entry_names:
+        lease = Lease(f"{root}/{name}", storage_options=options, heartbeat=0.05,
+                      stale_after=0.3).acquire()
+        cm = Entry(f"{root}/{name}", storage_options=options).writing(lease=lease)
+        w = cm.__enter__()
+        w.write_bytes("c/0", chunk(name))
+        keep.append((lease, cm, w))
+    print("ready", flush=True)
+    sys.stdin.readline()  # SIGKILLed here
+
+
+def _child_upload(url: str, options: dict[str, Any]) -> None:
+    """An atomic_write past one part of an S3 multipart upload, killed before commit."""
+    from durable import atomic_write
+
+    cm = atomic_write(url, storage_options=options)
+    handle = cm.__enter__()
+    handle.write(b"u" * (9 * 1024 * 1024))  # over the 8 MiB part size: an upload starts
+    handle.flush()
+    print("ready", flush=True)
+    sys.stdin.readline()  # SIGKILLed here
+
+
+def kill_writers(root: str, options: dict[str, Any], entry_names: list[str],
+                 strays: bool, *, mode: str = "kill") -> None:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, mode, root, json.dumps(options), ",".join(entry_names),
+         "1" if strays else "0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        raise AssertionError(f"child said {line!r}: {proc.communicate()[1]}")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+
+
+# stores, seen from outside durable --------------------------------------------------------
+class LocalStore:
+    kind = "file"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.options: dict[str, Any] = {}
+
+    def url(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def canonical(self, name: str) -> str:
+        return f"file://{self.root}/{name}"
+
+    def write(self, rel: str, data: bytes) -> None:
+        full = os.path.join(self.root, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = f"{full}.test-tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, full)  # a new inode: a lease's version changes with each beat
+
+    def read(self, rel: str) -> bytes:
+        with open(os.path.join(self.root, rel), "rb") as f:
+            return f.read()
+
+    def keys(self, rel: str) -> list[str]:
+        out = []
+        for dirpath, _, files in os.walk(os.path.join(self.root, rel)):
+            out += [os.path.relpath(os.path.join(dirpath, f), self.root) for f in files]
+        return out
+
+    def remove_tree(self, rel: str) -> None:
+        shutil.rmtree(os.path.join(self.root, rel))
+
+    def set_mtime(self, rel: str, when: float) -> None:
+        """Set back the files at and below ``rel``."""
+        alone = [rel] if os.path.lexists(os.path.join(self.root, rel)) else []
+        for key in self.keys(rel) or alone:
+            os.utime(os.path.join(self.root, key), (when, when))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {k: self.read(k) for k in self.keys("")}
+
+
+class S3Store:
+    kind = "s3"
+
+    def __init__(self, bucket: Any, prefix: str = "root") -> None:
+        import boto3
+
+        self.bucket = bucket.name
+        self.prefix = prefix
+        self.options = dict(bucket.storage_options)
+        from botocore.config import Config
+
+        # No flexible checksum on plain test uploads: moto parses aws-chunked bodies slowly.
+        config = Config(request_checksum_calculation="when_required", max_pool_connections=16)
+        self.client = boto3.client("s3", endpoint_url=bucket.server.url,
+                                   aws_access_key_id="testing",
+                                   aws_secret_access_key="testing", region_name="us-east-1",
+                                   config=config)
+
+    def url(self, *parts: str) -> str:
+        return "/".join([f"s3://{self.bucket}/{self.prefix}", *parts])
+
+    def canonical(self, name: str) -> str:
+        return self.url(name)
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}/{rel}", Body=data)
+
+    def read(self, rel: str) -> bytes:
+        body: bytes = self.client.get_object(Bucket=self.bucket,
+                                             Key=f"{self.prefix}/{rel}")["Body"].read()
+        return body
+
+    def listing(self, rel: str = "") -> dict[str, tuple[int, str]]:
+        start = f"{self.prefix}/{rel}"
+        out = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=start):
+            for obj in page.get("Contents", []):
+                out[obj["Key"][len(self.prefix) + 1:]] = (obj["Size"], obj["ETag"])
+        return out
+
+    def keys(self, rel: str) -> list[str]:
+        return list(self.listing(rel))
+
+    def remove_tree(self, rel: str) -> None:
+        for key in self.keys(rel + "/"):
+            self.client.delete_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}")
+
+    def set_mtime(self, rel: str, when: float) -> None:
+        pass  # an object store's modification times cannot be set
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.listing()
+
+    def upload_tree(self, local: str) -> None:
+        files = [os.path.join(d, f) for d, _, fs in os.walk(local) for f in fs]
+
+        def put(path: str) -> None:
+            with open(path, "rb") as f:
+                self.write(os.path.relpath(path, local), f.read())
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(put, files))
+
+
+Store = LocalStore | S3Store
+
+
+# building the root ------------------------------------------------------------------------
+def build_static(root: str) -> None:
+    """COMPLETE, corrupted and unmarked entries, on the local disk, through durable."""
+    from durable import Entry, atomic_write
+
+    def write(name: str) -> None:
+        kind = kind_of(name)
+        if kind == "object":
+            with atomic_write(f"{root}/{name}") as f:
+                f.write(chunk(name))
+        elif kind == "unmarked":
+            os.makedirs(f"{root}/{name}/c")
+            for rel, data in (("zarr.json", ZARR_JSON), ("c/0", chunk(name, 64))):
+                with open(f"{root}/{name}/{rel}", "wb") as f:
+                    f.write(data)
+        else:
+            with Entry(f"{root}/{name}").writing() as w:
+                if kind == "complete":
+                    w.fs.pipe_file(f"{w.path}/c/0", chunk(name))
+                else:
+                    w.write_bytes("zarr.json", ZARR_JSON)
+                    w.fs.pipe_file(f"{w.path}/c/0", chunk(name, 64))
+
+    todo = [n for k in ("complete", "object", "unmarked", "trunc", "flip") for n in names(k)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(write, todo))
+    for name in names("trunc"):
+        os.truncate(f"{root}/{name}/c/0", 10)  # a chunk cut short, as incident 002's were
+    for name in names("flip"):
+        path = f"{root}/{name}/c/0"
+        with open(path, "r+b") as f:
+            f.seek(7)
+            byte = f.read(1)[0]
+            f.seek(7)
+            f.write(bytes([byte ^ 0xFF]))  # same size: only a deep verify sees it
+
+
+def lease_body(beat: int) -> bytes:
+    # As durable.Lease writes it; the renewal counter makes every beat a new version.
+    return json.dumps({"format": "durable.lease", "holder": "6f1c0a9e", "host": "worker-7",
+                       "pid": 4242, "acquired_at": iso(time.time() - OLD), "renewal": beat,
+                       "heartbeat": STALE_AFTER / 5, "stale_after": STALE_AFTER}).encode()
+
+
+def records_of(name: str) -> str:
+    parent, _, base = name.rpartition("/")
+    return "/".join([p for p in (parent, ".durable", base) if p])
+
+
+def set_back(store: Store, name: str, when: float) -> None:
+    """Make a killed writer's attempt look started at ``when`` (and its files written)."""
+    for rel in store.keys(f"{records_of(name)}/attempts/"):
+        doc = json.loads(store.read(rel))
+        doc["started_at"] = iso(when)
+        store.write(rel, json.dumps(doc).encode())
+    store.set_mtime(records_of(name), when)
+    store.set_mtime(name, when)
+
+
+def add_killed_writers(store: Store) -> None:
+    """The killed writers, then their ages, leases and deleted data (see the module doc)."""
+    killed = [n for k in KILLED_KINDS for n in names(k)]
+    kill_writers(store.url(), store.options, killed, strays=store.kind == "file")
+    back = time.time() - OLD
+    for name in killed:
+        if kind_of(name) == "killed":
+            continue
+        if kind_of(name) in ("live", "stale"):
+            store.write(f".durable/{name}/lease.json", lease_body(0))
+        if kind_of(name) == "orphan":
+            store.remove_tree(name)  # another tool deleted the data since
+        set_back(store, name, back)
+    if store.kind == "file":
+        (old_temp,) = [k for k in store.keys("") if k.startswith(".stray-old.bin.durable-tmp-")]
+        store.set_mtime(old_temp, back)
+
+
+def expected_states() -> dict[str, str]:
+    states = {}
+    for kind in SIZES:
+        state = "COMPLETE" if kind in ("complete", "object", "flip") else "INCOMPLETE"
+        states.update(dict.fromkeys(names(kind), state))
+    return states
+
+
+@pytest.fixture(scope="session")
+def static_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = str(tmp_path_factory.mktemp("ops-static") / "root")
+    build_static(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def local_template(static_root: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = str(tmp_path_factory.mktemp("ops-template") / "root")
+    shutil.copytree(static_root, root)
+    store = LocalStore(root)
+    store.set_mtime("", time.time() - OLDER)
+    add_killed_writers(store)
+    return root
+
+
+@pytest.fixture
+def local(local_template: str, tmp_path: Path) -> LocalStore:
+    root = os.path.realpath(tmp_path / "root")
+    # Hard links: a copy in no time, with the template's mtimes (the ages). Safe because
+    # nothing here writes a file in place: durable publishes by rename, tests replace.
+    shutil.copytree(local_template, root, copy_function=os.link)
+    return LocalStore(root)
+
+
+@pytest.fixture
+def _no_ambient_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable.cli import ENV_OPTIONS
+
+    monkeypatch.delenv(ENV_OPTIONS, raising=False)
+
+
+def run(store: Store, *args: str) -> Any:
+    """The CLI, in-process, on ``store``; returns (exit code, JSON document)."""
+    from click.testing import CliRunner
+
+    from durable.cli import cli
+
+    options = ["--storage-options", json.dumps(store.options)] if store.options else []
+    result = CliRunner().invoke(cli, [*args, "--json", *options], catch_exceptions=True)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.stderr == "", result.stderr  # --json: no progress bar, no noise
+    return result.exit_code, json.loads(result.stdout)
+
+
+@contextlib.contextmanager
+def beating(store: Store) -> Iterator[None]:
+    """Renew the "live" leases of a store while the block runs, as their writers would."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        n = 0
+        while not stop.wait(STALE_AFTER / 10):  # ten beats per stale_after window
+            n += 1
+            for name in names("live"):
+                store.write(f".durable/{name}/lease.json", lease_body(n))
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
+# the operator's jobs, checked on one store ------------------------------------------------
+def check_scan(store: Store) -> None:
+    code, doc = run(store, "scan", store.url())
+    assert code == 0
+    rows = {e["url"]: e for e in doc["entries"]}
+    expected = expected_states()
+    assert len(rows) == len(expected) == 2000
+    assert {u: r["state"] for u, r in rows.items()} == {
+        store.canonical(n): s for n, s in expected.items()}
+    assert doc["counts"] == {"COMPLETE": 1810, "INCOMPLETE": 190, "ERROR": 0}
+    for name in expected:
+        row, kind = rows[store.canonical(name)], kind_of(name)
+        if kind in ("complete", "object", "flip"):
+            assert row["reason"].startswith("committed at ")
+            assert (row["age_source"], row["age_clock"]) == ("committed_at", "writer")
+            assert 0 <= row["age"] < 3600
+        elif kind == "trunc":
+            assert "c/0 is 10 bytes, the marker recorded 64" in row["reason"]
+        elif kind == "unmarked":
+            assert row["reason"] == "data present but no commit marker"
+            assert (row["age_source"], row["age_clock"]) == ("object mtime", "store")
+            assert row["age"] > (OLDER - 60 if store.kind == "file" else -60)
+        else:
+            started = ("a writer started but has not committed (attempt records: 1)")
+            assert row["reason"] == (started if kind == "orphan" else
+                                     f"data present but no commit marker; {started}")
+            assert (row["age_source"], row["age_clock"]) == ("started_at", "writer")
+            assert (row["age"] > OLD - 60) == (kind != "killed"), name
+        if kind in ("live", "stale"):
+            assert row["lease"]["host"] == "worker-7" and row["lease"]["pid"] == 4242
+            assert row["lease"]["stale_after"] == STALE_AFTER
+        else:
+            assert row["lease"] is None
+
+
+def check_verify(store: Store, *, shallow: bool = True) -> None:
+    corrupted = {store.canonical(n) for k in ("trunc", "flip") for n in names(k)}
+    code, doc = run(store, "verify", store.url(), "--deep")
+    assert code == 5
+    assert doc["entries"] == 1820 and doc["failed"] == 20 and not doc["ok"]
+    failed = {r["url"]: r for r in doc["results"] if not r["ok"]}
+    assert failed.keys() == corrupted
+    for url, r in failed.items():
+        (p,) = r["problems"]
+        assert (p["key"], p["url"]) == ("c/0", f"{url}/c/0")
+        if "/trunc-" in url:
+            assert (p["issue"], p["expected"], p["found"]) == ("size", 64, 10)
+        else:
+            assert p["issue"] == "crc32c" and p["expected"] != p["found"]
+    assert {n["url"] for n in doc["not_verified"]} == {
+        store.canonical(n) for k in ("unmarked", *KILLED_KINDS) for n in names(k)}
+    if shallow:
+        code, doc = run(store, "verify", store.url())
+        assert code == 5 and doc["bytes_checked"] == 0
+        assert {r["url"] for r in doc["results"] if not r["ok"]} == {
+            store.canonical(n) for n in names("trunc")}
+
+
+def check_mark_complete(store: Store, *, dry_run: bool = True) -> None:
+    unmarked = {store.canonical(n) for n in names("unmarked")}
+    before = store.snapshot()
+    if dry_run:
+        code, doc = run(store, "mark-complete", store.url())
+        assert code == 0 and not doc["apply"] and "TRUSTS" in doc["trust"]
+        assert {e["url"] for e in doc["entries"] if e["status"] == "planned"} == unmarked
+        assert store.snapshot() == before  # a dry run writes nothing
+    code, doc = run(store, "mark-complete", store.url(), "--apply")
+    assert code == 0
+    assert {e["url"]: e["status"] for e in doc["entries"]} == dict.fromkeys(unmarked,
+                                                                            "adopted")
+    assert doc["marked"] == 1820
+    assert {s["url"] for s in doc["skipped"]} == {
+        store.canonical(n) for k in KILLED_KINDS for n in names(k)}
+    after = store.snapshot()
+    added = set(after) - set(before)
+    assert added == {f".durable/{n}/commit.json" for n in names("unmarked")}
+    assert {k: after[k] for k in before} == before  # nothing else written, nothing removed
+    from durable import Entry, State
+
+    for name in names("unmarked")[:10]:
+        entry = Entry(store.url(name), storage_options=store.options)
+        assert entry.state() is State.COMPLETE
+        assert entry.verify(deep=True).objects == 2
+    # Idempotent: a second run finds nothing to adopt and writes nothing.
+    code, doc = run(store, "mark-complete", store.url(), "--apply")
+    assert code == 0 and doc["entries"] == [] and doc["marked"] == 1920
+    assert store.snapshot() == after
+
+
+def check_clean(store: Store, *, dry_run: bool = True) -> None:
+    gone_entries = [n for k in ("abandoned", "stale", "orphan") for n in names(k)]
+    before = store.snapshot()
+    args = ("clean", store.url(), "--older-than", "1h", "--lease-wait", "5")
+    if dry_run:
+        with beating(store):
+            code, doc = run(store, *args)
+        assert code == 0 and {i["status"] for i in doc["items"]} == {"planned"}
+        assert store.snapshot().keys() == before.keys()
+    with beating(store):
+        code, doc = run(store, *args, "--apply")
+    assert code == 0, doc
+    assert doc["waited"] == STALE_AFTER
+    removed = {(i["kind"], i["url"]) for i in doc["items"] if i["status"] == "removed"}
+    expected = {("records" if kind_of(n) == "orphan" else "entry", store.canonical(n))
+                for n in gone_entries}
+    if store.kind == "file":
+        (old_temp,) = [k for k in before if k.startswith(".stray-old.bin.durable-tmp-")]
+        expected.add(("temp", store.canonical(old_temp)))
+    assert removed == expected
+    assert len(doc["items"]) == len(expected)
+    kept = {k["url"]: k["reason"] for k in doc["kept"]}
+    for name in names("live"):
+        assert kept[store.canonical(name)].startswith("live lease held by worker-7:4242")
+    for name in names("killed"):
+        assert "younger than --older-than" in kept[store.canonical(name)]
+    # Exactly the abandoned entries' data and records are gone; every other object,
+    # COMPLETE entries first of all, is byte for byte as it was.
+    after = store.snapshot()
+    doomed = {k for k in before if any(
+        k.startswith((f"{n}/", f".durable/{n}/")) for n in gone_entries)}
+    doomed |= {url.rpartition(f"{store.url()}/")[2] for kind, url in expected
+               if kind == "temp"}
+    live_leases = {f".durable/{n}/lease.json" for n in names("live")}
+    assert after.keys() == before.keys() - doomed
+    assert {k: v for k, v in after.items() if k not in live_leases} == {
+        k: v for k, v in before.items() if k not in doomed | live_leases}
+
+
+# local disk -------------------------------------------------------------------------------
+pytestmark = pytest.mark.usefixtures("_no_ambient_options")
+
+
+def test_scan_reports_every_state(local: LocalStore) -> None:
+    check_scan(local)
+
+
+def test_verify_deep_finds_exactly_the_corrupted(local: LocalStore) -> None:
+    check_verify(local)
+
+
+def test_mark_complete_adopts_exactly_the_unmarked(local: LocalStore) -> None:
+    check_mark_complete(local)
+
+
+def test_clean_removes_exactly_the_abandoned(local: LocalStore) -> None:
+    check_clean(local)
+
+
+# the rules, one at a time, on a small root -------------------------------------------------
+SMALL_KILLED = ["dead.zarr", "young.zarr", "live.zarr", "stale.zarr", "outer.zarr/inner",
+                "holder"]
+
+
+@pytest.fixture(scope="session")
+def small_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """done.zarr COMPLETE, legacy unmarked; killed writers: dead.zarr (3 days ago),
+    young.zarr (now), live.zarr and stale.zarr (3 days ago, with a lease), outer.zarr/inner
+    (3 days ago, inside the COMPLETE entry outer.zarr), holder (3 days ago, holding the
+    COMPLETE entry holder/sub.zarr)."""
+    from durable import Entry
+
+    root = str(tmp_path_factory.mktemp("ops-small") / "root")
+    store = LocalStore(root)
+    with Entry(store.url("done.zarr")).writing() as w:
+        w.write_bytes("c/0", b"done")
+    store.write("legacy/c/0", b"written before durable")
+    kill_writers(root, {}, SMALL_KILLED, strays=False)
+    back = time.time() - OLD
+    for name in SMALL_KILLED:
+        if name != "young.zarr":
+            set_back(store, name, back)
+    for name in ("live.zarr", "stale.zarr"):
+        store.write(f".durable/{name}/lease.json", lease_body(0))
+    Entry(store.url("outer.zarr")).mark_complete()  # adopts inner's leftovers as its data
+    with Entry(store.url("holder", "sub.zarr")).writing() as w:
+        w.write_bytes("c/0", b"sub")
+    return root
+
+
+@pytest.fixture
+def small(small_template: str, tmp_path: Path) -> LocalStore:
+    root = os.path.realpath(tmp_path / "root")
+    shutil.copytree(small_template, root, copy_function=os.link)
+    return LocalStore(root)
+
+
+def survey_of(store: Store) -> Any:
+    from durable._scan import survey
+    from durable.adapters import resolve
+
+    adapter, path = resolve(store.url(), store.options)
+    return survey(adapter, path)
+
+
+class Heartbeat:
+    """An injected wait: renews the live lease "during" it, no time passes."""
+
+    def __init__(self, store: Store, renew: tuple[str, ...] = ("live.zarr",)) -> None:
+        self.store, self.renew, self.waits = store, renew, []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        for name in self.renew:
+            self.store.write(f".durable/{name}/lease.json", lease_body(len(self.waits)))
+
+
+def test_plan_clean_keeps_what_it_must(small: LocalStore) -> None:
+    from durable._ops import plan_clean
+
+    wait = Heartbeat(small)
+    report = plan_clean(survey_of(small), older_than=3600, lease_wait=10, sleep=wait)
+    assert wait.waits == [STALE_AFTER]  # the largest stale_after, once, whatever the leases
+    assert report.waited == STALE_AFTER
+    assert {(i.kind, i.url.rpartition("/")[2]) for i in report.items} == {
+        ("entry", "dead.zarr"), ("entry", "stale.zarr")}
+    kept = {k.url.removeprefix(f"file://{small.root}/"): k.reason for k in report.kept}
+    assert kept.keys() == {"young.zarr", "live.zarr", "outer.zarr/inner", "holder"}
+    assert "younger than --older-than" in kept["young.zarr"]
+    assert kept["live.zarr"].startswith("live lease held by worker-7:4242")
+    assert kept["outer.zarr/inner"].startswith("inside the committed entry ")
+    assert kept["holder"] == "it holds other entries"
+
+
+@pytest.mark.parametrize("case", ["wait too short", "released", "unreadable"])
+def test_a_lease_that_cannot_be_judged_is_taken_for_alive(small: LocalStore,
+                                                          case: str) -> None:
+    from durable._ops import plan_clean
+
+    beat = Heartbeat(small)
+
+    def release(seconds: float) -> None:
+        beat(seconds)
+        os.remove(os.path.join(small.root, ".durable/stale.zarr/lease.json"))
+
+    if case == "unreadable":
+        small.write(".durable/stale.zarr/lease.json", b"{half a lea")
+    report = plan_clean(survey_of(small), older_than=3600,
+                        lease_wait=0.2 if case == "wait too short" else 10,
+                        sleep=release if case == "released" else beat)
+    assert {i.url.rpartition("/")[2] for i in report.items} == {"dead.zarr"}
+    why = {k.url.rpartition("/")[2]: k.reason for k in report.kept}["stale.zarr"]
+    assert {"wait too short": "pass --lease-wait 1 to decide",
+            "released": "released during the check",
+            "unreadable": "cannot be read"}[case] in why
+
+
+@pytest.mark.parametrize("race", ["committed", "resumed"])
+def test_apply_clean_checks_again_before_removing(small: LocalStore, race: str) -> None:
+    """Between plan and removal a writer commits the entry, or starts on it again."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+
+    sv = survey_of(small)
+    report = plan_clean(sv, older_than=3600, lease_wait=10, sleep=Heartbeat(small))
+    assert "dead.zarr" in {i.url.rpartition("/")[2] for i in report.items}
+    dead = Entry(small.url("dead.zarr"))
+    if race == "committed":
+        dead.mark_complete(force=True)  # what a writer's commit leaves: data and marker
+    else:
+        small.write(".durable/dead.zarr/attempts/0123456789abcdef.json", b"{}")
+    before = small.snapshot()
+    apply_clean(sv, report)
+    status = {i.url.rpartition("/")[2]: (i.status, i.detail) for i in report.items}
+    assert status["dead.zarr"] == ("skipped", "committed since the plan (it has a marker "
+                                   "now)" if race == "committed" else
+                                   "its records changed since the plan (a writer at work?)")
+    assert status["stale.zarr"] == ("removed", "")
+    after = small.snapshot()
+    mine = [k for k in before if k.startswith(("dead.zarr/", ".durable/dead.zarr/"))]
+    assert mine and all(after[k] == before[k] for k in mine)
+    if race == "committed":
+        assert dead.state() is State.COMPLETE
+
+
+def test_mark_complete_checks_again_before_adopting(small: LocalStore) -> None:
+    """A writer that takes a lease on unmarked data after the survey keeps it from adoption
+    (Entry.mark_complete itself refuses a started writer, not a lease)."""
+    from durable import Entry, State
+    from durable._ops import mark_complete_root
+
+    sv = survey_of(small)
+    small.write(".durable/legacy/lease.json", lease_body(0))
+    report = mark_complete_root(sv, apply=True)
+    (legacy,) = report.adoptions
+    assert legacy.status == "skipped" and "appeared since the survey" in legacy.reason
+    assert Entry(small.url("legacy")).state() is State.INCOMPLETE
+    report = mark_complete_root(survey_of(small), apply=True)
+    assert report.adoptions == []
+    assert {s.url.rpartition("/")[2]: s.reason.split(" (")[0] for s in report.skipped} == {
+        "legacy": "a writer holds",
+        "dead.zarr": "a durable writer started here and has not committed",
+        "young.zarr": "a durable writer started here and has not committed",
+        "live.zarr": "a durable writer started here and has not committed",
+        "stale.zarr": "a durable writer started here and has not committed",
+        "holder": "a durable writer started here and has not committed",
+        "inner": "inside the committed entry file://" + small.url("outer.zarr") + ": "
+                 "adopting it would change that entry's data"}
+
+
+def test_clean_judges_leases_written_by_durable_lease(tmp_path: Path) -> None:
+    """The lease protocol as `durable.Lease` speaks it: one held by a writer at work (its
+    heartbeat renewing it) keeps its entry; one whose writer was killed does not."""
+    import socket
+
+    from durable import Entry, Lease, State
+
+    store = LocalStore(os.path.realpath(tmp_path))
+    kill_writers(store.url(), {}, ["killed.zarr"], strays=False, mode="kill-leased")
+    alive = Entry(store.url("alive.zarr"))
+    # Ten renewals per window: a loaded machine must not make a live writer look dead.
+    with Lease(alive, heartbeat=0.1, stale_after=1.0) as lease, \
+            alive.writing(lease=lease) as w:
+        w.write_bytes("c/0", b"at work")
+        code, scanned = run(store, "scan", store.url())
+        code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    holders = {e["url"].rpartition("/")[2]: e["lease"] for e in scanned["entries"]}
+    assert holders["alive.zarr"]["host"] == socket.gethostname()
+    assert holders["alive.zarr"]["pid"] == os.getpid()
+    assert holders["killed.zarr"]["pid"] not in (None, os.getpid())
+    assert code == 0 and doc["waited"] == 1.0  # the largest stale_after seen
+    assert [(i["url"].rpartition("/")[2], i["status"]) for i in doc["items"]] == [
+        ("killed.zarr", "removed")]
+    (kept,) = doc["kept"]
+    assert kept["reason"].startswith(f"live lease held by {socket.gethostname()}:"
+                                     f"{os.getpid()}")
+    assert alive.state() is State.COMPLETE
+    assert Entry(store.url("killed.zarr")).state() is State.ABSENT
+
+
+def test_verify_root_reports_what_entry_verify_reports(tmp_path: Path) -> None:
+    """verify ROOT works from the survey's listing; each entry's report is Entry.verify's."""
+    from durable import Entry, atomic_write
+    from durable._ops import verify_root
+
+    store = LocalStore(os.path.realpath(tmp_path))
+    objects = {"zarr.json": ZARR_JSON, "c/0": b"a" * 100, "c/1": b"b" * 50}
+    for name in ("ok", "missing", "short", "flipped", "extra"):
+        with Entry(store.url(name)).writing() as w:
+            for key, data in objects.items():
+                w.write_bytes(key, data)
+    with atomic_write(store.url("single.bin")) as f:
+        f.write(b"one object")
+    os.remove(store.url("missing/c/1"))
+    os.truncate(store.url("short/c/0"), 3)
+    store.write("flipped/c/1", b"b" * 49 + b"c")
+    store.write("extra/c/2", b"not in the manifest")
+    store.write("single.bin", b"one ebject")
+    report = verify_root(survey_of(store), deep=True)
+    for r in report.reports:
+        alone = Entry(r.url).verify(deep=True, raise_errors=False)
+        assert (r.objects, r.bytes_checked, r.problems) == (
+            alone.objects, alone.bytes_checked, alone.problems), r.url
+    assert {r.url.rpartition("/")[2]: [p.issue for p in r.problems] for r in report.reports
+            } == {"ok": [], "missing": ["missing"], "short": ["size"],
+                  "flipped": ["crc32c"], "extra": ["unexpected"], "single.bin": ["crc32c"]}
+
+
+# S3 ---------------------------------------------------------------------------------------
+@pytest.mark.s3
+def test_scan_and_clean_requests_grow_with_entries_not_objects(s3_bucket: Any) -> None:
+    """Through the fault proxy's request log: listings, and one small GET per record."""
+    from durable import Entry
+    from durable.cli import ENV_OPTIONS
+    from durable.testing.faults import FaultProxy
+
+    store = S3Store(s3_bucket)
+    for i, n in enumerate((1, 40, 1, 40)):
+        with Entry(store.url(f"e{i}.zarr"), storage_options=store.options).writing() as w:
+            for k in range(n):
+                w.fs.pipe_file(f"{w.path}/c/{k}", b"x")
+    kill_writers(store.url(), store.options, ["dead.zarr"], strays=False)
+    set_back(store, "dead.zarr", time.time() - OLD)
+    store.write(".durable/dead.zarr/lease.json", lease_body(0))
+    assert len(store.keys("")) == 82 + 4 + 2 + 2  # objects, markers, dead's data and records
+
+    from click.testing import CliRunner
+
+    from durable.cli import cli
+
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = json.dumps({**store.options, "endpoint_url": proxy.url,
+                              "skip_instance_cache": True})
+
+        def requests(*args: str) -> list[tuple[str, str, str]]:
+            proxy.clear_requests()
+            result = CliRunner().invoke(cli, [*args, "--json"], env={ENV_OPTIONS: options})
+            assert result.exit_code == 0, result.output
+            return sorted((r.method, r.key, "list" if "list-type" in r.query else
+                           "uploads" if "uploads" in r.query else "") for r in proxy.requests)
+
+        listing = ("GET", "", "list")
+        markers = [("GET", f"root/.durable/e{i}.zarr/commit.json", "") for i in range(4)]
+        (attempt,) = store.keys(".durable/dead.zarr/attempts/")
+        dead = [("GET", f"root/{attempt}", ""),
+                ("GET", "root/.durable/dead.zarr/lease.json", "")]
+        # scan: the root and the root's own records dir, then one GET per record.
+        assert requests("scan", store.url()) == sorted([listing, listing, *markers, *dead])
+        # clean: no marker read; the leases watched by listing once more; the uploads.
+        uploads = ("GET", "", "uploads")
+        assert requests("clean", store.url(), "--older-than", "1h", "--lease-wait", "0.01"
+                        ) == sorted([listing, listing, listing, *dead, uploads])
+        # --lease-wait 0: no lease is watched, so none is listed again (all kept).
+        assert requests("clean", store.url(), "--older-than", "1h", "--lease-wait", "0"
+                        ) == sorted([listing, listing, *dead, uploads])
+
+
+@pytest.mark.s3
+def test_clean_aborts_uploads_abandoned_by_durable_writers(s3_bucket: Any) -> None:
+    from durable import atomic_write
+
+    store = S3Store(s3_bucket)
+    with atomic_write(store.url("done.bin"), storage_options=store.options) as f:
+        f.write(b"committed")
+    kill_writers(store.url("big.bin"), store.options, [], strays=False, mode="upload")
+    other = store.client.create_multipart_upload(Bucket=store.bucket, Key="root/other.bin")
+    before = store.snapshot()
+
+    def uploads() -> set[str]:
+        listed = store.client.list_multipart_uploads(Bucket=store.bucket, Prefix="root/")
+        return {u["Key"] for u in listed.get("Uploads", [])}
+
+    assert uploads() == {"root/big.bin", "root/other.bin"}
+    # Initiated is the store's clock (moto's is fixed): "0s" makes every upload old enough.
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s")
+    assert code == 0
+    assert [(i["kind"], i["status"], i["url"].partition(" ")[0]) for i in doc["items"]] == [
+        ("upload", "planned", store.url("big.bin"))]
+    (kept,) = doc["kept"]
+    assert kept["url"].startswith(store.url("other.bin")) and "--all-uploads" in kept["reason"]
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    assert code == 0 and [i["status"] for i in doc["items"]] == ["removed"]
+    assert uploads() == {"root/other.bin"}
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply",
+                    "--all-uploads")
+    assert [(i["status"], other["UploadId"] in i["url"]) for i in doc["items"]] == [
+        ("removed", True)]
+    assert uploads() == set()
+    assert store.snapshot() == before  # objects, committed or not, untouched
+
+
+@pytest.mark.s3
+def test_clean_lists_what_it_could_not_remove_and_exits_6(s3_bucket: Any) -> None:
+    from durable.cli import EXIT_PARTIAL
+    from durable.testing.faults import FaultProxy
+
+    store = S3Store(s3_bucket)
+    kill_writers(store.url(), store.options, ["a.zarr", "b.zarr"], strays=False)
+    for name in ("a.zarr", "b.zarr"):
+        set_back(store, name, time.time() - OLD)
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        # DeleteObjects names its keys in the body: with one worker, a.zarr's comes first.
+        proxy.inject("error", status=403, code="AccessDenied", method="POST",
+                     query="delete", times=1)
+        via = S3Store(s3_bucket)
+        via.options = {**store.options, "endpoint_url": proxy.url, "skip_instance_cache": True}
+        code, doc = run(via, "clean", store.url(), "--older-than", "1h", "--apply",
+                        "--workers", "1")
+    assert code == EXIT_PARTIAL
+    status = {i["url"].rpartition("/")[2]: (i["status"], i["detail"]) for i in doc["items"]}
+    assert status["b.zarr"] == ("removed", "")
+    assert status["a.zarr"][0] == "failed" and "AccessDenied" in status["a.zarr"][1]
+    assert status["a.zarr"][1].startswith("PermissionError: ")
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_operating_a_root_on_s3(s3_bucket: Any, static_root: str) -> None:
+    """The operator's day on moto: scan, verify, adopt, clean, on 2,000 entries."""
+    store = S3Store(s3_bucket)
+    store.upload_tree(static_root)
+    add_killed_writers(store)
+    check_scan(store)
+    check_verify(store, shallow=False)
+    check_mark_complete(store, dry_run=False)
+    check_clean(store, dry_run=False)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "kill":
+        _child(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4].split(","),
+               sys.argv[5] == "1")
+    elif sys.argv[1] == "kill-leased":
+        _child_leased(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4].split(","))
+    elif sys.argv[1] == "upload":
+        _child_upload(sys.argv[2], json.loads(sys.argv[3]))
+    else:
+        raise SystemExit(f"unknown mode {sys.argv[1]!r}")

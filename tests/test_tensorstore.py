@@ -1,0 +1,669 @@
+"""durable.tensorstore: arrays committed whole, refused when not, never read stale or mixed.
+
+Incident 000: levanter read zarr3 arrays through one tensorstore Context with a large
+cache_pool and revalidation off; after a rewrite, handles served stale chunks, and on R2
+re-opening died with "Malformed StorageGeneration". Here the rewriters are real processes
+(tests/_ts_child.py, SIGKILLed where a test needs it), the stores are real (local disk,
+tensorstore's memory kvstore, moto, the GCS emulators), faults go through the S3 fault
+proxy, and what is on the store is read and damaged around durable (os, s3fs/gcsfs, a raw
+tensorstore KvStore). The stale-read test reads every commit both through durable and
+through plain tensorstore, and shows the plain reader's stale and mixed reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+import durable.tensorstore as dts
+from _ts_child import COLS, TsChild, rewrite
+from _ts_child import write as child_write
+from durable import Entry, IncompleteError, IntegrityError, State, UnsupportedError
+from durable._checksum import crc32c
+from durable._tensorstore_kv import _MEMORY
+from durable.testing import faults
+from durable.testing.faults import FaultProxy, Match
+from durable.testing.pytest_plugin import Bucket
+
+RESIDUE = 0x48674BC7
+LEVANTER = {"recheck_cached_data": False, "recheck_cached_metadata": "open"}
+
+
+def shared_context() -> ts.Context:
+    """What levanter shares process-wide: a large cache pool."""
+    return ts.Context({"cache_pool": {"total_bytes_limit": 100_000_000}})
+
+
+class Target:
+    """A fresh place on one store; ``raw_*`` read and damage it around durable."""
+
+    def __init__(self, kind: str, root: str, options: dict[str, Any] | None = None,
+                 bucket: Bucket | None = None) -> None:
+        self.kind = kind
+        self.root = root
+        self.options = options
+        self.bucket = bucket
+        self.in_process = kind == "memory"  # tensorstore's memory kvstore: one process
+
+    def url(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def _raw(self) -> Any:
+        if self.kind == "memory":
+            return ts.KvStore.open({"driver": "memory"}, context=_MEMORY).result()
+        assert self.bucket is not None
+        fs = self.bucket.filesystem()
+        fs.invalidate_cache()
+        return fs
+
+    def _where(self, rel: str) -> str:
+        return self.url(rel).split("://", 1)[-1].lstrip("/" if self.kind == "memory" else "")
+
+    def raw_keys(self, rel: str) -> dict[str, int]:
+        """Objects below ``rel`` -> their sizes."""
+        base = self._where(rel)
+        if self.kind == "file":
+            return {os.path.relpath(os.path.join(d, f), base): os.path.getsize(
+                os.path.join(d, f)) for d, _, fs in os.walk(base) for f in fs}
+        raw = self._raw()
+        if self.kind == "memory":
+            keys = raw.list(ts.KvStore.KeyRange(base + "/", base + "0")).result()
+            return {k.decode()[len(base) + 1:]: len(raw[k]) for k in keys}
+        return {p[len(base) + 1:]: int(i["size"]) for p, i in raw.find(
+            base, detail=True).items()}
+
+    def raw_read(self, rel: str) -> bytes:
+        if self.kind == "file":
+            with open(self._where(rel), "rb") as f:
+                return f.read()
+        raw = self._raw()
+        return bytes(raw[self._where(rel)] if self.kind == "memory"
+                     else raw.cat_file(self._where(rel)))
+
+    def raw_write(self, rel: str, data: bytes) -> None:
+        if self.kind == "file":
+            os.makedirs(os.path.dirname(self._where(rel)), exist_ok=True)
+            with open(self._where(rel), "wb") as f:
+                f.write(data)
+        elif self.kind == "memory":
+            self._raw()[self._where(rel)] = data
+        else:
+            self._raw().pipe_file(self._where(rel), data)
+
+    def raw_delete(self, rel: str) -> None:
+        if self.kind == "file":
+            os.unlink(self._where(rel))
+        elif self.kind == "memory":
+            del self._raw()[self._where(rel)]
+        else:
+            self._raw().rm_file(self._where(rel))
+
+    def plain_open(self, rel: str, context: ts.Context, **kwargs: Any) -> ts.TensorStore:
+        """Plain tensorstore, no durable: what levanter does."""
+        spec = dts.kvstore_spec(self.url(rel), self.options)
+        if self.kind == "memory":
+            kv = ts.KvStore.open(spec, context=_MEMORY).result()
+            return ts.open({"driver": "zarr3"}, kvstore=kv, context=context, **kwargs).result()
+        return ts.open({"driver": "zarr3", "kvstore": spec}, context=context,
+                       **kwargs).result()
+
+    def rewrite(self, rel: str, how: str, value: float, rows: int) -> None:
+        """Another writer rewrites and recommits (a real process, except for memory)."""
+        if self.in_process:
+            child_write(self.url(rel), how, value, rows, self.options)
+        else:
+            rewrite(self.url(rel), how, value, rows, self.options)
+
+
+def make_target(kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+                monkeypatch: pytest.MonkeyPatch) -> Target:
+    if kind == "file":
+        return Target("file", os.path.realpath(tmp_path))
+    if kind == "memory":
+        return Target("memory", f"memory://ts-{uuid.uuid4().hex[:12]}")
+    fixture = {"s3": "s3_bucket", "gcs": "gcs_bucket", "fake_gcs": "fake_gcs_bucket"}[kind]
+    bucket: Bucket = request.getfixturevalue(fixture)
+    if kind != "s3":
+        # tensorstore's gcs driver takes one endpoint per process, from the environment.
+        monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", bucket.server.url)
+    return Target(kind, bucket.path("t"), dict(bucket.storage_options), bucket)
+
+
+@pytest.fixture(params=["file", "memory", "s3", "gcs"])
+def target(request: pytest.FixtureRequest, tmp_path: Any,
+           monkeypatch: pytest.MonkeyPatch) -> Target:
+    return make_target(request.param, request, tmp_path, monkeypatch)
+
+
+def values(rows: int, seed: float = 0) -> Any:
+    return (np.arange(rows * COLS, dtype="float32").reshape(rows, COLS) + 1 + seed)
+
+
+def cache_reads() -> int:
+    """tensorstore's own count of the reads its cache sends to a kvstore (fetches and
+    revalidations): the array's I/O, not durable's own reads of its records."""
+    found = ts.experimental_collect_matching_metrics("/tensorstore/cache/kvs_cache_read")
+    return sum(int(v.get("value", 0)) for m in found for v in m["values"])
+
+
+# --------------------------------------------------------------------- the spec builder
+def test_kvstore_spec_file_and_memory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    here = os.path.realpath(tmp_path)
+    assert dts.kvstore_spec("a/b") == {"driver": "file", "path": f"{here}/a/b/"}
+    assert dts.kvstore_spec(f"file://{here}/a/") == {"driver": "file", "path": f"{here}/a/"}
+    assert dts.kvstore_spec("memory://x/y") == {"driver": "memory", "path": "x/y/"}
+    with pytest.raises(UnsupportedError, match="no kvstore driver for 'abfs'"):
+        dts.kvstore_spec("abfs://c/x")
+
+
+def test_kvstore_spec_s3(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "envkey")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "envsecret")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    r2 = "https://acct.r2.cloudflarestorage.com"
+    spec = dts.kvstore_spec("s3://bkt/a/b.zarr", {"endpoint_url": r2, "key": "envkey",
+                                                  "secret": "envsecret"})
+    assert spec == {"driver": "s3", "bucket": "bkt", "path": "a/b.zarr/", "endpoint": r2,
+                    "aws_region": "eu-west-3", "aws_credentials": {"type": "environment"}}
+    spec = dts.kvstore_spec("s3://bkt/k", {"client_kwargs": {"endpoint_url": r2,
+                                                             "region_name": "auto"},
+                                           "anon": True})
+    assert (spec["endpoint"], spec["aws_region"], spec["aws_credentials"]) == (
+        r2, "auto", {"type": "anonymous"})
+    assert dts.kvstore_spec("s3://bkt/k", {"profile": "p"})["aws_credentials"] == {
+        "type": "profile", "profile": "p"}
+    assert dts.kvstore_spec("s3://bkt/k")["aws_credentials"] == {"type": "default"}
+    # Keys that are not the environment's: a private credentials file, named as a profile.
+    creds = dts.kvstore_spec("s3://bkt/k", {"key": "AKIAOTHER", "secret": "s3cr3t",
+                                            "token": "tok"})["aws_credentials"]
+    assert creds["type"] == "profile" and creds["profile"].startswith("durable-")
+    assert stat.S_IMODE(os.stat(creds["credentials_file"]).st_mode) == 0o600
+    with open(creds["credentials_file"]) as f:
+        text = f.read()
+    assert (f"[{creds['profile']}]\naws_access_key_id = AKIAOTHER\naws_secret_access_key = "
+            "s3cr3t\naws_session_token = tok\n") in text
+    with pytest.raises(ValueError, match="both key and secret"):
+        dts.kvstore_spec("s3://bkt/k", {"key": "only"})
+
+
+def test_kvstore_spec_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
+    spec = dts.kvstore_spec("gs://bkt/a/b", {"endpoint_url": "http://127.0.0.1:9",
+                                             "token": "anon"})
+    assert spec == {"driver": "gcs", "bucket": "bkt", "path": "a/b/"}
+    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://127.0.0.1:9"
+    with pytest.raises(UnsupportedError, match=r"TENSORSTORE_GCS_HTTP_URL.*127\.0\.0\.1:8"):
+        dts.kvstore_spec("gcs://bkt/a", {"endpoint_url": "http://127.0.0.1:8"})
+    with pytest.raises(UnsupportedError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        dts.kvstore_spec("gs://bkt/a", {"token": "/some/key.json"})
+
+
+def test_s3_keys_from_storage_options_are_the_ones_tensorstore_signs_with(
+        s3_bucket: Bucket) -> None:
+    signed: list[str] = []
+
+    def look(info: faults.RequestInfo) -> bool:
+        signed.append(info.headers.get("authorization") or "")
+        return False  # observe only, no fault
+
+    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+        proxy.add(faults.delay(0, match=Match(where=look)))
+        opts = {"endpoint_url": proxy.url, "key": "durable-test-key", "secret": "s"}
+        kv = ts.KvStore.open(dts.kvstore_spec(s3_bucket.path("k"), opts)).result()
+        kv.write("x", b"1").result()
+        assert kv.read("x").result().value == b"1"
+    credentials = {h.split("Credential=")[1].split("/")[0] for h in signed if h}
+    assert credentials == {"durable-test-key"}
+
+
+# ----------------------------------------------------------------- writing, committing
+def test_write_commits_a_manifest_that_matches_the_bytes(target: Target) -> None:
+    data = values(20)
+    entry = dts.write(target.url("arr"), data, chunks=[10, 10],
+                      storage_options=target.options)
+    assert entry.state() is State.COMPLETE
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    raw = target.raw_keys("arr")
+    assert set(marker.manifest.objects) == set(raw) == {"zarr.json"} | {
+        f"c/{r}/{c}" for r in range(2) for c in range(3)}
+    for key, rec in marker.manifest.objects.items():
+        body = target.raw_read(f"arr/{key}")
+        assert (rec.size, rec.crc32c) == (len(body), crc32c(body)) == (raw[key], rec.crc32c)
+        if key != "zarr.json":
+            assert rec.crc32c == RESIDUE  # a crc32c codeword, recorded without a read
+    meta = json.loads(target.raw_read("arr/zarr.json"))
+    assert meta["codecs"][-1] == {"name": "crc32c"}
+    assert entry.verify(deep=True).ok
+    assert (dts.open(target.url("arr"), storage_options=target.options).read().result()
+            == data).all()
+
+
+def test_commit_reads_no_chunk_back(s3_bucket: Bucket) -> None:
+    """Chunks with the crc32c codec are recorded from the listing, shards from their index
+    (a small ranged read each); without the codec, every chunk is fetched again."""
+    sharded = {"chunk_layout": ts.ChunkLayout(write_chunk_shape=[20, 30],
+                                              read_chunk_shape=[10, 10])}
+    unsharded = {"chunk_layout": ts.ChunkLayout(chunk_shape=[10, 10])}
+    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+        opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        for name, codec, layout, gets, most in (("codec", True, unsharded, 0, 0),
+                                                ("sharded", True, sharded, 1, 16 * 9 + 4),
+                                                ("off", False, unsharded, 6, 10**9)):
+            proxy.clear_requests()
+            url = s3_bucket.path(name)
+            dts.write(url, values(20), storage_options=opts, checksum_codec=codec, **layout)
+            fetched = [r for r in proxy.requests if r.method == "GET"
+                       and re.search(rf"/{name}/c/", r.path)]
+            assert len(fetched) == gets and all(r.response_bytes <= most for r in fetched)
+            assert Entry(url, storage_options=opts).verify(deep=True).ok
+
+
+def test_shards_are_recorded_from_their_index(target: Target) -> None:
+    layout = ts.ChunkLayout(write_chunk_shape=[20, 30], read_chunk_shape=[10, 10])
+    entry = dts.write(target.url("arr"), values(40), storage_options=target.options,
+                      chunk_layout=layout)
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    shards = {k: r for k, r in marker.manifest.objects.items() if k != "zarr.json"}
+    assert set(shards) == {"c/0/0", "c/1/0"}
+    for key, rec in shards.items():
+        body = target.raw_read(f"arr/{key}")
+        assert (rec.size, rec.crc32c) == (len(body), crc32c(body))
+    got = dts.open(target.url("arr"), storage_options=target.options, deep=True)
+    assert (got.read().result() == values(40)).all()
+
+
+def test_a_chunk_damaged_before_the_commit_is_not_blessed(target: Target) -> None:
+    """A re-read at commit would checksum the damaged bytes into the manifest; the
+    residue is what an intact chunk must have, so deep verify sees the damage."""
+    with dts.writing(target.url("arr"), storage_options=target.options) as w:
+        array = w.open(create=True, dtype=ts.float32, shape=[20, COLS],
+                       chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10]))
+        array[...] = values(20)
+        body = bytearray(target.raw_read("arr/c/1/2"))
+        body[3] ^= 0x40
+        target.raw_write("arr/c/1/2", bytes(body))
+    report = w.entry.verify(deep=True, raise_errors=False)
+    assert [(p.key, p.issue) for p in report.problems] == [("c/1/2", "crc32c")]
+
+
+def flip(path: str, offset: int) -> None:
+    """Flip one bit of a file in place (offset < 0 counts from the end)."""
+    with open(path, "r+b") as f:
+        f.seek(offset, os.SEEK_SET if offset >= 0 else os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_shard_damaged_before_the_commit_is_caught(tmp_path: Any) -> None:
+    """Inner chunk damaged: recorded from the index, caught by deep verify. Index damaged:
+    every reader would refuse the shard, so the commit does."""
+    layout = ts.ChunkLayout(write_chunk_shape=[20, 30], read_chunk_shape=[10, 10])
+    for where, offset in (("chunk", 5), ("index", -7)):
+        url = os.path.join(tmp_path, where)
+        path = os.path.join(url, "c", "0", "0")
+
+        if where == "chunk":
+            with dts.writing(url) as w:
+                w.open(create=True, dtype=ts.float32, shape=[20, COLS],
+                       chunk_layout=layout)[...] = values(20)
+                flip(path, offset)
+            problems = w.entry.verify(deep=True, raise_errors=False).problems
+            assert [(p.key, p.issue) for p in problems] == [("c/0/0", "crc32c")]
+        else:
+            with pytest.raises(IntegrityError, match=r"c/0/0: the shard index .* fails"), \
+                    dts.writing(url) as w:
+                w.open(create=True, dtype=ts.float32, shape=[20, COLS],
+                       chunk_layout=layout)[...] = values(20)
+                flip(path, offset)
+            assert dts.entry_for(url).state() is not State.COMPLETE
+
+
+def test_crc32c_codec_placement_and_opt_out(tmp_path: Any) -> None:
+    import zarr
+
+    def codecs(name: str, **kwargs: Any) -> Any:
+        url = os.path.join(tmp_path, name)
+        with dts.writing(url) as w:
+            array = w.open(create=True, dtype=ts.float32, shape=[20, 20], **kwargs)
+            array[...] = values(20, 0)[:, :20]
+        assert (zarr.open_array(url, mode="r")[...] == values(20)[:, :20]).all()
+        with open(os.path.join(url, "zarr.json")) as f:
+            return json.load(f)["codecs"]
+
+    crc = {"name": "crc32c"}
+    assert codecs("default") == [{"name": "bytes", "configuration": {"endian": "little"}},
+                                 crc]
+    assert [c["name"] for c in codecs(
+        "zstd", spec={"metadata": {"codecs": [{"name": "bytes"}, {"name": "zstd"}]}})] == [
+        "bytes", "zstd", "crc32c"]
+    assert [c["name"] for c in codecs(
+        "codec", codec=ts.CodecSpec({"driver": "zarr3", "codecs": [{"name": "zstd"}]}))] == [
+        "bytes", "zstd", "crc32c"]
+    sharded = codecs("sharded", chunk_layout=ts.ChunkLayout(write_chunk_shape=[20, 20],
+                                                            read_chunk_shape=[10, 10]))
+    assert sharded[-1]["name"] == "sharding_indexed"
+    assert sharded[-1]["configuration"]["codecs"][-1] == crc
+    assert "crc32c" not in json.dumps(codecs("off", checksum_codec=False))
+    # A shard is not a codeword as a whole: read back once at commit, and still right.
+    assert Entry(os.path.join(tmp_path, "sharded")).verify(deep=True).ok
+
+
+def test_tracked_writes_and_transactions_land_before_the_commit(target: Target) -> None:
+    with dts.writing(target.url("e"), storage_options=target.options) as w:
+        shape = {"dtype": ts.float32, "shape": [20, COLS],
+                 "chunk_layout": ts.ChunkLayout(chunk_shape=[10, 10])}
+        w.write(w.open("a", create=True, **shape), values(20, 1))  # not awaited here
+        txn = ts.Transaction()
+        b = w.open("b", create=True, transaction=txn, **shape)
+        b[...] = values(20, 2)  # held in the transaction until the writer commits it
+    assert w.entry.verify(deep=True).ok
+    for name, seed in (("a", 1), ("b", 2)):
+        got = dts.open(target.url("e"), path=name, storage_options=target.options)
+        assert (got.read().result() == values(20, seed)).all()
+
+
+def test_file_writer_leftovers_are_removed_not_committed(tmp_path: Any) -> None:
+    url = os.path.join(tmp_path, "arr")
+    with dts.writing(url) as w:
+        w.open(create=True, dtype=ts.float32, shape=[10, 10])[...] = 1
+        with open(os.path.join(url, "c", "0", "0.__lock"), "wb") as f:
+            f.write(b"a killed tensorstore writer's temp file")
+    marker = w.entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    assert set(marker.manifest.objects) == {"zarr.json", "c/0/0"}
+    assert not os.path.exists(os.path.join(url, "c", "0", "0.__lock"))
+
+
+# ------------------------------------------------------------------------------ refusing
+def test_open_refuses_anything_but_complete(target: Target) -> None:
+    url = target.url("arr")
+    with pytest.raises(IncompleteError, match="ABSENT") as err:
+        dts.open(url, storage_options=target.options)
+    assert err.value.state is State.ABSENT
+    with pytest.raises(RuntimeError, match="job died"), dts.writing(
+            url, storage_options=target.options) as w:
+        w.open(create=True, dtype=ts.float32, shape=[10, 10])[...] = 1
+        raise RuntimeError("job died")
+    assert dts.entry_for(url, target.options).state() is not State.COMPLETE
+    # Written without durable: data, no marker.
+    target.plain_open("arr", ts.Context(), create=True, dtype=ts.float32,
+                      shape=[10, 10])[...] = 1
+    with pytest.raises(IncompleteError, match="INCOMPLETE"):
+        dts.open(url, storage_options=target.options)
+    with pytest.raises(ValueError, match="reads only"):
+        dts.open(url, storage_options=target.options, write=True)
+
+
+@pytest.mark.parametrize("kind", ["file", "s3", "gcs"])
+def test_a_killed_writer_leaves_an_entry_open_refuses(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    child = TsChild(t.url("arr"), "fresh", 7, 30, t.options)
+    child.run_until("chunk 2")
+    child.kill()
+    entry = dts.entry_for(t.url("arr"), t.options)
+    assert entry.state() is State.INCOMPLETE
+    with pytest.raises(IncompleteError, match="INCOMPLETE"):
+        dts.open(t.url("arr"), storage_options=t.options)
+    # What plain tensorstore makes of it: an array that reads as zeros where chunks are not.
+    seen = np.unique(t.plain_open("arr", ts.Context()).read().result())
+    assert set(seen) == {0.0, 7.0}
+    child_write(t.url("arr"), "resume", 7, 30, t.options)  # the next attempt finishes it
+    assert (dts.open(t.url("arr"), storage_options=t.options).read().result() == 7).all()
+
+
+def test_open_checks_the_listing_and_deep_checks_the_bytes(target: Target) -> None:
+    url = target.url("arr")
+    dts.write(url, values(20), chunks=[10, 10], storage_options=target.options)
+    good = target.raw_read("arr/c/0/1")
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x01
+    target.raw_write("arr/c/0/1", bytes(flipped))
+    # Same size: the listing matches; the crc32c codec catches it at read, deep at open.
+    array = dts.open(url, storage_options=target.options)
+    with pytest.raises(ValueError, match=r"[Dd]igest mismatch"):
+        array.read().result()
+    with pytest.raises(IntegrityError, match=r"c/0/1: crc32c expected 48674bc7"):
+        dts.open(url, storage_options=target.options, deep=True)
+    target.raw_write("arr/c/0/1", good[:-3])
+    with pytest.raises(IntegrityError, match=r"c/0/1: size expected \d+, found"):
+        dts.open(url, storage_options=target.options)
+    target.raw_delete("arr/c/0/1")
+    with pytest.raises(IntegrityError, match=r"c/0/1: missing"):
+        dts.open(url, storage_options=target.options)
+    target.raw_write("arr/c/0/1", good)
+    target.raw_write("arr/c/9/9", good)
+    with pytest.raises(IntegrityError, match=r"c/9/9: not in the manifest"):
+        dts.open(url, storage_options=target.options)
+
+
+def test_zarr_python_checks_the_codec_too(tmp_path: Any) -> None:
+    import zarr
+
+    url = os.path.join(tmp_path, "arr")
+    dts.write(url, values(20), chunks=[10, 10])
+    flip(os.path.join(url, "c", "1", "1"), 7)
+    with pytest.raises(ValueError, match="checksum do not match"):
+        zarr.open_array(url, mode="r")[...]
+
+
+# ------------------------------------------------------------ no stale reads (levanter)
+@pytest.mark.parametrize("kind", ["file", "memory", "s3", "fake_gcs"])
+def test_levanter_pattern_stale_without_durable_and_never_through_it(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process A reads through a shared cache; process B rewrites and recommits (same shape,
+    then larger). Plain tensorstore (its own shared context) serves the old chunks, then new
+    metadata over old chunks; durable (another shared context) serves each commit whole."""
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    child_write(t.url("arr"), "fresh", 1, 20, t.options)
+    plain_ctx, durable_ctx = shared_context(), shared_context()
+
+    def plain() -> Any:
+        return t.plain_open("arr", plain_ctx, **LEVANTER).read().result()
+
+    def through_durable() -> Any:
+        return dts.open(t.url("arr"), storage_options=t.options, context=durable_ctx,
+                        **LEVANTER).read().result()
+
+    assert (plain() == 1).all() and (through_durable() == 1).all()  # caches warm
+    t.rewrite("arr", "overwrite", 2, 20)
+    assert (plain() == 1).all()  # stale: commit 2 wrote 2 everywhere
+    assert (through_durable() == 2).all()
+    t.rewrite("arr", "update", 3, 40)  # resized in place, every chunk rewritten
+    mixed, whole = plain(), through_durable()
+    assert mixed.shape == whole.shape == (40, COLS)
+    assert set(np.unique(mixed)) == {1.0, 3.0}  # two commits in one read
+    assert set(np.unique(whole)) == {3.0}
+
+
+@pytest.mark.parametrize("kind", ["file", "memory", "s3", "fake_gcs"])
+def test_an_unchanged_commit_is_served_from_the_shared_cache(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    child_write(t.url("arr"), "fresh", 1, 20, t.options)  # its own context: not the reader's
+    ctx = shared_context()
+
+    def read() -> tuple[Any, int]:
+        before = cache_reads()
+        got = dts.open(t.url("arr"), storage_options=t.options, context=ctx,
+                       recheck_cached=False).read().result()
+        return got, cache_reads() - before
+
+    first, fetched = read()
+    assert (first == 1).all() and fetched >= 6
+    again, fetched = read()
+    assert (again == 1).all() and fetched == 0  # same commit: not one request
+    child_write(t.url("arr"), "overwrite", 2, 20, t.options)
+    after, fetched = read()
+    assert (after == 2).all() and fetched >= 6
+
+
+def test_a_rewrite_that_starts_while_opening_is_refused(s3_bucket: Bucket) -> None:
+    """The rewriter removes the marker and writes new metadata while tensorstore fetches
+    zarr.json: the handle would be of a commit that does not exist yet."""
+    url = s3_bucket.path("arr")
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)
+    child = TsChild(url, "overwrite", 2, 40, s3_bucket.storage_options)
+    hooked: list[bool] = []
+
+    def rewrite_now(info: faults.RequestInfo) -> bool:
+        if info.method == "GET" and info.path.endswith("/arr/zarr.json") and not hooked:
+            hooked.append(True)
+            child.run_until("created")  # marker gone, new zarr.json written, no chunk
+        return False
+
+    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+        proxy.add(faults.delay(0, match=Match(where=rewrite_now)))
+        via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        with pytest.raises(IncompleteError, match="rewritten while it was being opened"):
+            dts.open(url, storage_options=via, context=shared_context())
+        assert hooked
+        child.finish()
+        got = dts.open(url, storage_options=via).read().result()
+    assert got.shape == (40, COLS) and (got == 2).all()
+
+
+# ------------------------------------------------------------------ ETags tensorstore can't use
+@pytest.fixture
+def proxy(s3_bucket: Bucket) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as p:
+        yield p
+
+
+ETAG_SHOWN = {"unquoted": r"'[0-9a-f]{32}'", "weak": r"""'W/"[0-9a-f]{32}"'""",
+              "empty": "''"}
+
+
+@pytest.mark.parametrize("style", ["unquoted", "weak", "empty"])
+def test_unusable_etags_give_durables_error_never_the_opaque_one(
+        style: str, s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    url = s3_bucket.path("arr")
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)  # straight to moto
+    proxy.add(faults.rewrite_etag(style))  # type: ignore[arg-type]
+    ctx = shared_context()
+    # Incident 000, reproduced: the second open revalidates cached metadata and dies.
+    spec = {"driver": "zarr3", "kvstore": dts.kvstore_spec(url, via)}
+    assert (ts.open(spec, context=ctx, **LEVANTER).result().read().result() == 1).all()
+    with pytest.raises(ValueError, match="Malformed StorageGeneration"):
+        ts.open(spec, context=ctx, **LEVANTER).result()
+    for mode in ("error", "private_cache"):
+        if style == "unquoted" and mode == "private_cache":
+            continue  # readable: see the test below
+        with pytest.raises(dts.UnusableETagError) as err:
+            dts.open(url, storage_options=via, context=ctx, on_unusable_etags=mode)
+        message = str(err.value)
+        assert message.startswith(f"{proxy.url}: the store answered ETag ")
+        assert err.value.endpoint == proxy.url
+        assert re.fullmatch(ETAG_SHOWN[style], repr(err.value.etag))
+        assert err.value.url is not None and err.value.url.endswith("/.durable/arr/commit.json")
+        assert "fix the store or the gateway" in message
+        assert ("nothing can be read" in message) == (style != "unquoted")
+
+
+def test_unquoted_etags_read_through_durable_with_a_private_cache(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """Some gateways strip the quotes: durable's S3 adapter re-quotes, and tensorstore reads
+    fine as long as it never revalidates, so each handle gets a cache of its own."""
+    url = s3_bucket.path("arr")
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)  # straight to moto
+    proxy.add(faults.rewrite_etag("unquoted"))
+    ctx = shared_context()
+    for value in (1, 2):
+        if value == 2:
+            child_write(url, "overwrite", 2, 20, s3_bucket.storage_options)
+        for _ in range(2):
+            got = dts.open(url, storage_options=via, context=ctx, **LEVANTER)
+            assert (got.read().result() == value).all()
+            assert (got.read().result() == value).all()
+
+
+def test_no_etag_at_all_is_a_clear_error(s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    url = s3_bucket.path("arr")
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)
+    proxy.add(faults.rewrite_etag("missing"))
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    with pytest.raises(dts.UnusableETagError, match="answered no ETag") as err:
+        dts.open(url, storage_options=via)
+    assert err.value.endpoint == proxy.url and err.value.etag is None
+
+
+def test_unusable_etags_writes_work_until_they_need_a_condition(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    proxy.add(faults.rewrite_etag("unquoted"))
+    # Each chunk written once: no conditional request, and it commits.
+    entry = dts.write(s3_bucket.path("once"), values(20), chunks=[10, 10],
+                      storage_options=via)
+    assert entry.verify(deep=True).ok
+    # A chunk written twice: tensorstore's second write is conditional on the first's ETag.
+    url = s3_bucket.path("twice")
+    with pytest.raises(dts.UnusableETagError, match=r"ETag '.*so this write failed") as err, \
+            dts.writing(url, storage_options=via) as w:
+        array = w.open(create=True, dtype=ts.float32, shape=[10, 10])
+        array[0:5, :] = 1
+        array[5:10, :] = 2
+    assert err.value.endpoint == proxy.url
+    assert isinstance(err.value.__cause__, ValueError)
+    assert dts.entry_for(url, via).state() is not State.COMPLETE
+
+
+def test_etags_nothing_can_use_stop_a_writer_before_it_writes(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    proxy.add(faults.rewrite_etag("weak"))
+    url = s3_bucket.path("arr")
+    with pytest.raises(dts.UnusableETagError, match=r"W/.*so nothing was written"), \
+            dts.writing(url, storage_options=via):
+        pytest.fail("the block must not run")
+    assert Entry(url, storage_options=s3_bucket.storage_options).state() is State.ABSENT
+
+
+def test_unusable_etag_error_is_durables_and_crosses_processes() -> None:
+    import pickle
+
+    err = dts.UnusableETagError("http://e: the store answered ETag 'x'", endpoint="http://e",
+                                etag="x", url="s3://b/.durable/a/commit.json")
+    assert isinstance(err, UnsupportedError) and isinstance(err, NotImplementedError)
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), str(back), back.endpoint, back.etag, back.url) == (
+        dts.UnusableETagError, str(err), "http://e", "x", "s3://b/.durable/a/commit.json")
+
+
+def test_gcs_emulator_generations_are_found_unusable(
+        request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcp-storage-emulator serves media without x-goog-generation: tensorstore keeps
+    generation 0 and fails on revalidation exactly like incident 000 on R2."""
+    t = make_target("gcs", request, tmp_path, monkeypatch)
+    child_write(t.url("arr"), "fresh", 1, 20, t.options)
+    ctx = shared_context()
+    assert (t.plain_open("arr", ctx, **LEVANTER).read().result() == 1).all()
+    with pytest.raises(ValueError, match="Malformed StorageGeneration"):
+        t.plain_open("arr", ctx, **LEVANTER)
+    # Through durable, the same shared context: each commit, from a cache of the handle's.
+    for value in (1, 2):
+        if value == 2:
+            t.rewrite("arr", "overwrite", 2, 20)  # a resize would need a condition
+        got = dts.open(t.url("arr"), storage_options=t.options, context=ctx, **LEVANTER)
+        assert (got.read().result() == value).all()
+    with pytest.raises(dts.UnusableETagError, match="answered generation '0'"):
+        dts.open(t.url("arr"), storage_options=t.options, on_unusable_etags="error")

@@ -1,0 +1,216 @@
+"""durable.xarray: datasets written as commit-marked zarr entries, in one process or many.
+
+The many-process tests run a real `distributed.LocalCluster` (two worker processes) against
+moto; a worker is killed for real (SIGKILL from inside its own task, once enough chunks are
+on the store), and what is on the store is read around durable.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+import durable.xarray as dx
+import durable.zarr as dz
+from durable import Entry, IncompleteError, State
+from durable.testing.pytest_plugin import Bucket
+from test_zarr import KINDS, NOT_FOUND, Target, forget_memory, make_target, manifest_matches_store
+
+
+@pytest.fixture(params=KINDS)
+def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Target]:
+    t = make_target(request.param, request, tmp_path)
+    yield t
+    forget_memory(t)
+
+
+def dataset(start: int = 0, n: int = 16) -> xr.Dataset:
+    """Both kinds xarray writes differently: ``temp`` backed by dask (written by tasks),
+    ``count`` and the coordinates in memory (written by xarray itself)."""
+    t = np.arange(start, start + n)
+    temp = np.sin(t[:, None] + np.arange(10)[None, :]).astype("float32")
+    return xr.Dataset({"temp": (("t", "y"), da.from_array(temp, chunks=(4, 10))),
+                       "count": (("t",), t * 3)},
+                      coords={"t": t, "y": np.arange(10) * 0.5}, attrs={"title": "test"})
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("consolidated", [True, False])
+def test_round_trip_without_a_warning(target: Target, zarr_format: int,
+                                      consolidated: bool) -> None:
+    url = target.url("ds.zarr")
+    ds = dataset()
+    entry = dx.to_zarr(ds, url, storage_options=target.options, zarr_format=zarr_format,
+                       consolidated=consolidated)
+    assert entry.state() is State.COMPLETE
+    assert entry.verify(deep=True).ok
+    manifest_matches_store(target, "ds.zarr")
+    # Warnings are errors here (pyproject): neither durable's reader nor a plain one warns.
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                ds.load())
+    if consolidated:
+        xr.testing.assert_identical(xr.open_zarr(url, **target.plain_options()).load(),
+                                    ds.load())
+    group = zarr.open_group(url, mode="r", **target.plain_options())
+    assert sorted(group.array_keys()) == ["count", "t", "temp", "y"]
+
+
+def test_append_and_region_writes_update_the_entry(target: Target) -> None:
+    url = target.url("ap.zarr")
+    first, second = dataset(), dataset(start=16)
+    dx.to_zarr(first, url, storage_options=target.options)
+    dx.to_zarr(second, url, storage_options=target.options, mode="a", append_dim="t")
+    both = xr.concat([first, second], "t")
+    entry = Entry(url, storage_options=target.options)
+    assert entry.verify(deep=True).ok
+    manifest_matches_store(target, "ap.zarr")
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                both.load())
+    patch = (both.isel(t=slice(4, 8)) * 0 + 7).drop_vars(["y"])
+    dx.to_zarr(patch[["temp"]], url, storage_options=target.options, mode="r+",
+               region={"t": slice(4, 8)})
+    assert entry.verify(deep=True).ok
+    got = dx.open_zarr(url, storage_options=target.options).load()
+    assert (got.temp.isel(t=slice(4, 8)) == 7).all()
+    xr.testing.assert_identical(got.isel(t=slice(8, None)), both.isel(t=slice(8, None)).load())
+
+
+def test_refusals(target: Target) -> None:
+    url = target.url("r.zarr")
+    with pytest.raises(IncompleteError, match="ABSENT"):
+        dx.open_zarr(url, storage_options=target.options)
+    with pytest.raises(ValueError, match="compute=False"):
+        dx.to_zarr(dataset(), url, storage_options=target.options, compute=False)
+    assert Entry(url, storage_options=target.options).state() is State.ABSENT
+
+
+# many processes ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        yield c
+
+
+def killer(prefix: str, options: dict[str, Any], flag: str, after: int) -> Callable[..., Any]:
+    """A map_blocks function whose block 2 kills its own worker process, once ``after``
+    chunk objects are on the store (polled), and only the first time (``flag``)."""
+
+    def block(x: Any, block_info: Any = None) -> Any:
+        import os
+        import signal
+        import time
+
+        import fsspec
+
+        if block_info[None]["chunk-location"][0] != 2:
+            return x
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+        if fs.exists(flag):
+            return x
+        deadline = time.monotonic() + 60
+        while len([p for p in fs.find(prefix) if "/c/" in p]) < after:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {after} chunks under {prefix}")
+            time.sleep(0.05)  # a poll of the store, not a guess at timing
+            fs.invalidate_cache()
+        fs.pipe(flag, b"killed once")
+        os.kill(os.getpid(), signal.SIGKILL)
+        return x
+
+    return block
+
+
+def doomed(bucket: Bucket, url: str, after: int) -> xr.Dataset:
+    ds = dataset()
+    flag = bucket.path(f"flag-{uuid.uuid4().hex}")
+    temp = da.map_blocks(killer(url, bucket.storage_options, flag, after), ds.temp.data,
+                         dtype=ds.temp.dtype)
+    return ds.assign(temp=(("t", "y"), temp))
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_cluster_write_commits_from_the_workers_fragments(client: Any,
+                                                          s3_bucket: Bucket) -> None:
+    url = s3_bucket.path("cluster.zarr")
+    ds = dataset()
+    # unrecorded="error": the commit refuses any chunk no process recorded, so passing
+    # means every chunk a worker wrote came to the coordinator in a fragment.
+    entry = dx.to_zarr(ds, url, storage_options=s3_bucket.storage_options,
+                       unrecorded="error")
+    assert entry.verify(deep=True).ok
+    xr.testing.assert_identical(
+        dx.open_zarr(url, storage_options=s3_bucket.storage_options).load(), ds.load())
+    # Reading from the cluster too: the verifying store travels to the workers.
+    lazy = dx.open_zarr(url, storage_options=s3_bucket.storage_options)
+    assert float(lazy.temp.sum().compute()) == pytest.approx(float(ds.temp.sum()))
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_killed_worker_leaves_the_entry_unfinished_and_a_retry_finishes_it(
+        client: Any, s3_bucket: Bucket) -> None:
+    url = s3_bucket.path("killed.zarr")
+    options = s3_bucket.storage_options
+    ds = doomed(s3_bucket, url, after=2)
+    before = client.run_on_scheduler(_allowed_failures, 0)
+    try:
+        from distributed import KilledWorker
+
+        with pytest.raises(KilledWorker):
+            dx.to_zarr(ds, url, storage_options=options)
+    finally:
+        client.run_on_scheduler(_allowed_failures, before)
+        client.wait_for_workers(2)
+    assert Entry(url, storage_options=options).state() is not State.COMPLETE
+    with pytest.raises(IncompleteError):
+        dx.open_zarr(url, storage_options=options)
+    with pytest.raises(NOT_FOUND):
+        xr.open_zarr(url, storage_options=options)
+    # The retry (the flag keeps block 2 from killing again).
+    entry = dx.to_zarr(ds, url, storage_options=options, overwrite=True)
+    assert entry.verify(deep=True).ok
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=options).load(),
+                                dataset().load())
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_worker_killed_and_its_task_retried_still_commits_whole(client: Any,
+                                                                s3_bucket: Bucket) -> None:
+    url = s3_bucket.path("retried.zarr")
+    options = s3_bucket.storage_options
+    # The dead worker's unflushed records are lost: the commit reads what no fragment
+    # covers, and the entry is still exactly what was written.
+    entry = dx.to_zarr(doomed(s3_bucket, url, after=2), url, storage_options=options)
+    client.wait_for_workers(2)
+    assert entry.verify(deep=True).ok
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=options).load(),
+                                dataset().load())
+
+
+def _allowed_failures(value: int, dask_scheduler: Any = None) -> int:
+    before: int = dask_scheduler.allowed_failures
+    dask_scheduler.allowed_failures = value
+    return before
+
+
+@pytest.mark.slow
+def test_workers_flush_what_they_recorded(client: Any, tmp_path: Any) -> None:
+    url = os.path.join(os.path.realpath(tmp_path), "local.zarr")
+    with dz.writing(url, unrecorded="error") as store:
+        array = zarr.create_array(store, shape=(40, 30), chunks=(10, 10), dtype="float32")
+        data = da.ones((40, 30), chunks=(10, 10), dtype="float32")
+        da.store(data, array, lock=False)
+    assert Entry(url).verify(deep=True).ok

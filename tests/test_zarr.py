@@ -1,0 +1,544 @@
+"""durable.zarr: metadata held back until commit, every chunk recorded, every read verified.
+
+Incident 001: a zarr cache counted an entry as cached once ``zarr.json`` existed, and a
+killed or racing writer left one that read back as fill values. Here the writers are real
+(child processes SIGKILLed between two steps, tests/_zarr_child.py), the readers that must
+find nothing are plain zarr and xarray, and what is on the store is checked and damaged
+*around* durable (os, the raw memory store, a plain boto3 client).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import uuid
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+import zarr.errors
+from fsspec.implementations.memory import MemoryFileSystem
+
+import durable._zarr_reading
+import durable._zarr_writing
+import durable.zarr as dz
+from _zarr_child import CHUNKS, N_CHUNKS, SHAPE, ZarrChild, expected, write
+from durable import AlreadyCompleteError, Entry, IncompleteError, IntegrityError, State
+from durable._checksum import crc32c
+from durable._fragments import FragmentRecorder
+from durable.testing.pytest_plugin import Bucket
+
+NOT_FOUND = (zarr.errors.NodeNotFoundError, FileNotFoundError)
+
+
+class Target:
+    """A fresh place on local disk, in fsspec's memory store or in an S3 bucket (moto).
+
+    ``url``/``options`` name things for durable and zarr; ``raw_*`` go around both.
+    """
+
+    def __init__(self, kind: str, root: str, bucket: Bucket | None = None) -> None:
+        self.kind = kind
+        self.root = root
+        self.bucket = bucket
+        self.options: dict[str, Any] | None = dict(bucket.storage_options) if bucket else None
+        if bucket is not None:
+            import boto3
+
+            self._s3 = boto3.client(
+                "s3", endpoint_url=bucket.storage_options["endpoint_url"],
+                aws_access_key_id="testing", aws_secret_access_key="testing",
+                region_name="us-east-1")
+
+    def url(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def plain_options(self) -> dict[str, Any]:
+        """What plain zarr/xarray need to reach the place (nothing for a local path)."""
+        return {"storage_options": self.options} if self.options else {}
+
+    def raw_keys(self, prefix: str) -> dict[str, bytes]:
+        """Every object under ``prefix`` (relative to the root) -> its bytes."""
+        if self.kind == "file":
+            out = {}
+            base = os.path.join(self.root, prefix)
+            for dirpath, _, files in os.walk(base):
+                for fn in files:
+                    full = os.path.join(dirpath, fn)
+                    with open(full, "rb") as f:
+                        out[os.path.relpath(full, base)] = f.read()
+            return out
+        if self.kind == "memory":
+            head = self.root.removeprefix("memory://") + "/" + prefix + "/"
+            return {k[len(head):]: bytes(v.getbuffer())
+                    for k, v in list(MemoryFileSystem.store.items()) if k.startswith(head)}
+        assert self.bucket is not None
+        head = self.root.removeprefix(f"s3://{self.bucket.name}/") + "/" + prefix + "/"
+        pages = self._s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket.name, Prefix=head)
+        return {o["Key"][len(head):]: self._s3.get_object(Bucket=self.bucket.name,
+                                                          Key=o["Key"])["Body"].read()
+                for page in pages for o in page.get("Contents", [])}
+
+    def raw_write(self, rel: str, data: bytes) -> None:
+        if self.kind == "file":
+            full = os.path.join(self.root, rel)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(data)
+        elif self.kind == "memory":
+            MemoryFileSystem().pipe_file(self.url(rel), data)
+        else:
+            assert self.bucket is not None
+            self._s3.put_object(Bucket=self.bucket.name, Body=data,
+                                Key=self.url(rel).removeprefix(f"s3://{self.bucket.name}/"))
+
+    def raw_delete(self, rel: str) -> None:
+        if self.kind == "file":
+            os.unlink(os.path.join(self.root, rel))
+        elif self.kind == "memory":
+            MemoryFileSystem().rm_file(self.url(rel))
+        else:
+            assert self.bucket is not None
+            self._s3.delete_object(Bucket=self.bucket.name,
+                                   Key=self.url(rel).removeprefix(f"s3://{self.bucket.name}/"))
+
+
+def make_target(kind: str, request: pytest.FixtureRequest, tmp_path: Any) -> Target:
+    if kind == "file":
+        return Target("file", os.path.realpath(tmp_path))
+    if kind == "memory":
+        return Target("memory", f"memory:///zarr-test-{uuid.uuid4().hex[:12]}")
+    bucket = request.getfixturevalue("s3_bucket")
+    return Target("s3", bucket.path("data"), bucket)
+
+
+def forget_memory(t: Target) -> None:
+    """Drop what a test left in the process-wide memory store (local dirs and buckets are
+    fresh per test anyway)."""
+    if t.kind == "memory":
+        head = t.root.removeprefix("memory://")
+        for k in [k for k in MemoryFileSystem.store if k.startswith(head)]:
+            MemoryFileSystem.store.pop(k, None)
+
+
+KINDS = ["file", "memory", pytest.param("s3", marks=pytest.mark.s3)]
+
+
+@pytest.fixture(params=KINDS)
+def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Target]:
+    t = make_target(request.param, request, tmp_path)
+    yield t
+    forget_memory(t)
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def shared(request: pytest.FixtureRequest, tmp_path: Any) -> Target:
+    """A place other processes reach too (not the per-process memory store)."""
+    return make_target(request.param, request, tmp_path)
+
+
+def committed_keys(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    marker = Entry(url, storage_options=options).read_marker()
+    assert marker is not None and marker.manifest is not None
+    return dict(marker.manifest.objects)
+
+
+def manifest_matches_store(t: Target, name: str) -> None:
+    """The manifest lists exactly the objects in the entry, with their sizes and CRC32C."""
+    on_store = t.raw_keys(name)
+    recorded = committed_keys(t.url(name), t.options)
+    assert sorted(recorded) == sorted(on_store)
+    for key, data in on_store.items():
+        assert (recorded[key].size, recorded[key].crc32c) == (len(data), crc32c(data)), key
+
+
+# writing and reading -------------------------------------------------------------------------
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_write_commits_what_plain_zarr_and_durable_read_back(target: Target,
+                                                             zarr_format: int) -> None:
+    data = expected()
+    entry = dz.write(target.url("a.zarr"), data, chunks=CHUNKS, zarr_format=zarr_format,
+                     storage_options=target.options)
+    assert entry.state() is State.COMPLETE
+    manifest_matches_store(target, "a.zarr")
+    assert entry.verify(deep=True).ok
+    np.testing.assert_array_equal(
+        dz.open(target.url("a.zarr"), storage_options=target.options)[:], data)
+    # A plain reader, warnings as errors (pyproject): the records beside the entry are
+    # invisible to it.
+    plain = zarr.open_array(target.url("a.zarr"), mode="r", **target.plain_options())
+    np.testing.assert_array_equal(plain[:], data)
+
+
+def test_checksum_codec_is_written_and_read(target: Target) -> None:
+    data = expected()
+    dz.write(target.url("c.zarr"), data, chunks=CHUNKS, checksum_codec=True,
+             storage_options=target.options)
+    array = dz.open(target.url("c.zarr"), storage_options=target.options)
+    assert any(type(c).__name__ == "Crc32cCodec" for c in array.compressors)
+    np.testing.assert_array_equal(array[:], data)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_metadata_is_held_back_until_the_commit(target: Target, zarr_format: int) -> None:
+    url = target.url("held.zarr")
+    data = expected()
+    with dz.writing(url, storage_options=target.options) as store:
+        array = zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32",
+                                  zarr_format=zarr_format)
+        array[:] = data
+        # Every chunk is there, and still a plain reader finds no array.
+        assert len(target.raw_keys("held.zarr")) == N_CHUNKS
+        with pytest.raises(NOT_FOUND):
+            zarr.open_array(url, mode="r", **target.plain_options())
+        assert Entry(url, storage_options=target.options).state() is State.INCOMPLETE
+        # The writer, and anything opening the same store, does see it.
+        readonly = zarr.open_array(store, mode="r")
+        np.testing.assert_array_equal(readonly[:], data)
+        with pytest.raises(ValueError, match="read-only"):
+            readonly.attrs["x"] = 1
+    np.testing.assert_array_equal(
+        zarr.open_array(url, mode="r", **target.plain_options())[:], data)
+    assert target.raw_keys(".durable/held.zarr/staged") == {}
+    # A write after the commit would be in no manifest: refused.
+    with pytest.raises(ValueError, match="has ended"):
+        array[0:10, 0:10] = 5
+
+
+def test_verifying_store_lists_the_manifest_and_refuses_writes(target: Target) -> None:
+    dz.write(target.url("l.zarr"), expected(), chunks=CHUNKS, storage_options=target.options)
+    store = dz.VerifyingStore.from_url(target.url("l.zarr"), storage_options=target.options)
+    keys = zarr.core.sync.collect_aiterator(store.list())
+    assert sorted(keys) == sorted(committed_keys(target.url("l.zarr"), target.options))
+    assert sorted(zarr.core.sync.collect_aiterator(store.list_dir("c"))) == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match="read-only"):
+        zarr.open_array(store, mode="r+")
+    again = pickle.loads(pickle.dumps(store))
+    assert again == store
+    np.testing.assert_array_equal(zarr.open_array(again, mode="r")[:], expected())
+
+
+def test_open_refuses_anything_but_complete(target: Target) -> None:
+    url = target.url("inc.zarr")
+    with pytest.raises(IncompleteError, match="ABSENT"):
+        dz.open(url, storage_options=target.options)
+    with pytest.raises(RuntimeError), dz.writing(url, storage_options=target.options) as store:
+        zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32")[:] = 1
+        with pytest.raises(IncompleteError, match="INCOMPLETE"):
+            dz.open(url, storage_options=target.options)
+        raise RuntimeError("the writer fails")
+    # A failed fresh write leaves nothing for any reader.
+    assert Entry(url, storage_options=target.options).state() is State.ABSENT
+    with pytest.raises(NOT_FOUND):
+        zarr.open_array(url, mode="r", **target.plain_options())
+
+
+# kill -9 -------------------------------------------------------------------------------------
+# metadata set, no chunk / some chunks / every chunk and the consolidated metadata, nothing
+# published. Every point on local disk in both formats; on S3 the format 3 points and one of
+# format 2 (each case costs two processes and a moto session).
+KILL_CASES = [("file", point, fmt) for fmt in (2, 3)
+              for point in ("created", "chunk 5", "written")]
+KILL_CASES += [pytest.param("s3", point, 3, marks=pytest.mark.s3)
+               for point in ("created", "chunk 5", "written")]
+KILL_CASES += [pytest.param("s3", "chunk 5", 2, marks=pytest.mark.s3)]
+
+
+@pytest.mark.parametrize(("kind", "point", "zarr_format"), KILL_CASES)
+def test_killed_writer_leaves_nothing_a_plain_reader_opens(
+        request: pytest.FixtureRequest, tmp_path: Any, kind: str, point: str,
+        zarr_format: int) -> None:
+    t = make_target(kind, request, tmp_path)
+    url = t.url("k.zarr")
+    child = ZarrChild(url, zarr_format, "fresh", t.options)
+    child.run_until(point)
+    child.kill()
+    assert Entry(url, storage_options=t.options).state() is State.INCOMPLETE
+    with pytest.raises(NOT_FOUND):
+        zarr.open_group(url, mode="r", **t.plain_options())
+    with pytest.raises(NOT_FOUND):
+        zarr.open_array(t.url("k.zarr", "a"), mode="r", **t.plain_options())
+    with pytest.raises(NOT_FOUND):
+        xr.open_zarr(url, **t.plain_options())
+    with pytest.raises(IncompleteError):
+        dz.open(url, storage_options=t.options)
+    # A retry finishes it, on the killed attempt's chunks and staged metadata.
+    assert write(url, zarr_format, "resume", t.options) == "committed"
+    assert Entry(url, storage_options=t.options).verify(deep=True).ok
+    np.testing.assert_array_equal(dz.open(url, storage_options=t.options)["a"][:],
+                                  expected())
+    xr.testing.assert_equal(xr.open_zarr(url, **t.plain_options()).load(),
+                            xr.Dataset({"a": (("y", "x"), expected())}))
+    manifest_matches_store(t, "k.zarr")
+
+
+def test_killed_after_publish_shows_whole_arrays_only(shared: Target) -> None:
+    url = shared.url("p.zarr")
+    child = ZarrChild(url, 3, "fresh", shared.options)
+    child.run_until("published")
+    child.kill()
+    # No marker: durable says INCOMPLETE. What a plain reader sees now is whole, because
+    # the metadata went out only after the last chunk.
+    assert Entry(url, storage_options=shared.options).state() is State.INCOMPLETE
+    with pytest.raises(IncompleteError):
+        dz.open(url, storage_options=shared.options)
+    plain = zarr.open_group(url, mode="r", **shared.plain_options())
+    np.testing.assert_array_equal(plain["a"][:], expected())
+
+
+def test_racing_writers_one_commit_wins(shared: Target) -> None:
+    url = shared.url("race.zarr")
+    first = ZarrChild(url, 3, "fresh", shared.options)
+    first.run_until("chunk 3")
+    # The second sees the first's attempt (INCOMPLETE) and joins it: both write everything.
+    second = ZarrChild(url, 3, "resume", shared.options)
+    second.run_until("written")
+    assert sorted([first.finish(), second.finish()]) == ["committed", "lost"]
+    assert Entry(url, storage_options=shared.options).verify(deep=True).ok
+    np.testing.assert_array_equal(dz.open(url, storage_options=shared.options)["a"][:],
+                                  expected())
+    manifest_matches_store(shared, "race.zarr")
+
+
+# damage after the commit -----------------------------------------------------------------------
+def damage(t: Target, rel: str, how: str) -> None:
+    data = t.raw_keys(os.path.dirname(rel))[os.path.basename(rel)]
+    if how == "deleted":
+        t.raw_delete(rel)
+    elif how == "truncated":
+        t.raw_write(rel, data[: len(data) // 2])
+    else:
+        t.raw_write(rel, data[:7] + bytes([data[7] ^ 0x01]) + data[8:])
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("how", ["deleted", "truncated", "flipped"])
+def test_damaged_chunk_is_an_integrity_error_naming_it(target: Target, how: str,
+                                                       zarr_format: int) -> None:
+    url = target.url("d.zarr")
+    dz.write(url, expected(), chunks=CHUNKS, zarr_format=zarr_format, compressors=None,
+             storage_options=target.options)
+    key = "1.1" if zarr_format == 2 else "c/1/1"  # a middle chunk
+    recorded = committed_keys(url, target.options)[key]
+    damage(target, f"d.zarr/{key}", how)
+    array = dz.open(url, storage_options=target.options)
+    with pytest.raises(IntegrityError) as info:
+        array[:]
+    assert info.value.url == f"{Entry(url, storage_options=target.options).url}/{key}"
+    assert key in str(info.value)
+    # Expected and found: the sizes where they differ, else the CRC32C.
+    assert info.value.expected == (recorded.size if how != "flipped"
+                                   else f"{recorded.crc32c:08x}")
+    # The chunks around it still read: only the damaged one is refused.
+    np.testing.assert_array_equal(array[0:10, 0:10], expected()[0:10, 0:10])
+    if how == "deleted":
+        # What durable prevents: a plain reader fills the hole with the fill value.
+        plain = zarr.open_array(url, mode="r", **target.plain_options())
+        assert (plain[10:20, 10:20] == 0).all()
+
+
+def test_chunk_not_in_the_manifest_is_an_integrity_error(target: Target) -> None:
+    url = target.url("x.zarr")
+    data = expected()
+    data[10:20, 10:20] = 0  # the fill value: zarr writes no chunk there
+    dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
+    assert "c/1/1" not in committed_keys(url, target.options)
+    array = dz.open(url, storage_options=target.options)
+    np.testing.assert_array_equal(array[:], data)  # absent and unlisted: the fill value
+    target.raw_write("x.zarr/c/1/1", target.raw_keys("x.zarr/c/0")["0"])
+    with pytest.raises(IntegrityError, match="not in the manifest") as info:
+        array[10:20, 10:20]
+    assert info.value.url.endswith("x.zarr/c/1/1")
+
+
+@pytest.mark.parametrize("selection", [(slice(15, 20), slice(15, 20)),
+                                       (slice(0, 20), slice(10, 20))])
+def test_sharded_reads_check_what_they_fetch(target: Target, selection: Any) -> None:
+    url = target.url("s.zarr")
+    shards = {"shape": (20, 10), "index_location": "start"}  # six shards, index first
+    dz.write(url, expected(), chunks=(5, 5), shards=shards, compressors=None,
+             storage_options=target.options)
+    array = dz.open(url, storage_options=target.options)
+    np.testing.assert_array_equal(array[selection], expected()[selection])
+    shard = target.raw_keys("s.zarr/c/0")["1"]
+    target.raw_write("s.zarr/c/0/1", shard[:-100])  # the last inner chunks cut short
+    # One inner chunk (a byte-range read, length checked) or the whole shard (CRC32C).
+    with pytest.raises(IntegrityError, match="c/0/1"):
+        dz.open(url, storage_options=target.options)[selection]
+
+
+# deletes, appends, resizes ------------------------------------------------------------------------
+def test_fill_value_chunks_are_deleted_and_forgotten(target: Target) -> None:
+    url = target.url("f.zarr")
+    with dz.writing(url, storage_options=target.options) as store:
+        array = zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32")
+        array[:] = expected()
+        array[0:10, 0:20] = 0  # zarr deletes the two chunks it had written
+    entry = Entry(url, storage_options=target.options)
+    assert entry.verify(deep=True).ok
+    assert {"c/0/0", "c/0/1"}.isdisjoint(committed_keys(url, target.options))
+    manifest_matches_store(target, "f.zarr")
+    want = expected()
+    want[0:10, 0:20] = 0
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], want)
+    # In an update too.
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+")[30:40, 20:30] = 0
+    assert entry.verify(deep=True).ok
+    want[30:40, 20:30] = 0
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], want)
+    manifest_matches_store(target, "f.zarr")
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_append_and_resize_are_recorded(target: Target, zarr_format: int) -> None:
+    url = target.url("g.zarr")
+    data = expected()
+    entry = dz.write(url, data, chunks=CHUNKS, zarr_format=zarr_format,
+                     storage_options=target.options)
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        array = zarr.open_array(store, mode="r+")
+        array.append(data[:15] * 2)
+        # While it changes, a plain reader sees no array rather than a half-appended one.
+        with pytest.raises(NOT_FOUND):
+            zarr.open_array(url, mode="r", **target.plain_options())
+    assert entry.verify(deep=True).ok
+    manifest_matches_store(target, "g.zarr")
+    grown = np.concatenate([data, data[:15] * 2])
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], grown)
+
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").resize((15, 30))  # chunks past row 20 deleted
+    assert entry.verify(deep=True).ok
+    manifest_matches_store(target, "g.zarr")
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], data[:15])
+    np.testing.assert_array_equal(
+        zarr.open_array(url, mode="r", **target.plain_options())[:], data[:15])
+
+
+def test_leftover_temp_files_are_never_adopted(tmp_path: Any) -> None:
+    t = Target("file", os.path.realpath(tmp_path))
+    url = t.url("t.zarr")
+    with dz.writing(url) as store:
+        zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32")[:] = expected()
+        # What zarr's LocalStore leaves of a chunk when killed between write and rename.
+        t.raw_write(f"t.zarr/c/0/0.{uuid.uuid4().hex}.partial", b"half a chunk")
+    assert not [k for k in t.raw_keys("t.zarr") if k.endswith(".partial")]
+    manifest_matches_store(t, "t.zarr")
+
+
+# many processes --------------------------------------------------------------------------------
+def test_writing_store_pickles_and_records_into_a_fragment(shared: Target) -> None:
+    url = shared.url("frag.zarr")
+    with dz.writing(url, storage_options=shared.options, unrecorded="error") as store:
+        array = zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32")
+        state = pickle.dumps(array)
+        durable._zarr_writing._WRITERS.clear()  # as in another process: no coordinator
+        elsewhere = pickle.loads(state)
+        assert elsewhere.store_path.store == store
+        assert isinstance(elsewhere.store_path.store._recorder, FragmentRecorder)
+        elsewhere[:] = expected()
+        assert dz.flush_fragments() == 1
+        fragments = shared.raw_keys(".durable/frag.zarr/fragments")
+        assert len(fragments) == 1
+    # unrecorded="error": the commit took every chunk from the fragment, none re-read.
+    assert Entry(url, storage_options=shared.options).verify(deep=True).ok
+    np.testing.assert_array_equal(dz.open(url, storage_options=shared.options)[:],
+                                  expected())
+
+
+
+def test_loser_of_a_race_never_publishes_over_the_winner(target: Target) -> None:
+    url = target.url("w.zarr")
+    loser_cm = dz.writing(url, storage_options=target.options)
+    loser = loser_cm.__enter__()
+    zarr.create_array(loser, shape=SHAPE, chunks=CHUNKS, dtype="float32")[:] = expected()
+    with dz.writing(url, storage_options=target.options, resume=True) as winner:
+        array = zarr.open_array(winner, mode="r+")
+        array.attrs["by"] = "winner"
+    # The loser changes its metadata after the winner's commit, then tries to commit.
+    zarr.open_array(loser, mode="r+").attrs["by"] = "loser"
+    with pytest.raises(AlreadyCompleteError):
+        loser_cm.__exit__(None, None, None)
+    entry = Entry(url, storage_options=target.options)
+    assert entry.verify(deep=True).ok
+    assert dz.open(url, storage_options=target.options).attrs["by"] == "winner"
+    # Nothing of the loser is left to be taken for newer metadata by a later update...
+    assert target.raw_keys(".durable/w.zarr/staged") == {}
+    # ...and what a loser killed before its commit would leave there is not taken either.
+    doc = json.loads(target.raw_keys("w.zarr")["zarr.json"])
+    doc["attributes"]["by"] = "killed loser"
+    target.raw_write(".durable/w.zarr/staged/zarr.json", json.dumps(doc).encode())
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+")[0, 0] = -1
+    assert dz.open(url, storage_options=target.options).attrs["by"] == "winner"
+    assert entry.verify(deep=True).ok
+
+
+def test_a_pickled_reader_refuses_a_later_commit(target: Target) -> None:
+    url = target.url("v.zarr")
+    dz.write(url, expected(), chunks=CHUNKS, storage_options=target.options)
+    state = pickle.dumps(dz.open(url, storage_options=target.options))
+    dz.write(url, expected() * 2, chunks=CHUNKS, storage_options=target.options,
+             overwrite=True)
+    durable._zarr_reading._MANIFESTS.clear()  # as in a fresh worker process
+    with pytest.raises(IntegrityError, match="committed again"):
+        pickle.loads(state)
+
+
+def test_the_writer_sees_what_other_processes_staged(shared: Target) -> None:
+    url = shared.url("m.zarr")
+    with dz.writing(url, storage_options=shared.options) as store:
+        group = zarr.open_group(store, mode="w-")
+        group.create_array("a", shape=SHAPE, chunks=CHUNKS, dtype="float32")
+        assert [name for name, _ in group.members()] == ["a"]
+        # Another process of the same write adds an array (its metadata goes to staging).
+        doc = shared.raw_keys(".durable/m.zarr/staged/a")["zarr.json"]
+        shared.raw_write(".durable/m.zarr/staged/b/zarr.json", doc)
+        assert sorted(name for name, _ in group.members()) == ["a", "b"]
+    assert sorted(zarr.open_group(url, mode="r", **shared.plain_options()).array_keys()) == [
+        "a", "b"]
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_publish_puts_every_node_after_its_children_and_the_root_last(
+        tmp_path: Any, zarr_format: int) -> None:
+    url = os.path.join(os.path.realpath(tmp_path), "order.zarr")
+    published: list[str] = []
+    with dz.writing(url) as store:
+        root = zarr.open_group(store, mode="w-", zarr_format=zarr_format)
+        root.attrs["title"] = "t"
+        sub = root.create_group("sub")
+        sub.attrs["x"] = 1
+        sub.create_array("a", shape=(4,), chunks=(2,), dtype="int8")[:] = 1
+        root.create_array("b", shape=(4,), chunks=(2,), dtype="int8")[:] = 2
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Consolidated metadata")
+            zarr.consolidate_metadata(store)
+        real_set = store._store.set
+
+        async def observed(key: str, value: Any) -> None:  # passes through, notes the order
+            published.append(key)
+            await real_set(key, value)
+
+        store._store.set = observed  # type: ignore[method-assign]
+    metadata = [k for k in published if durable._zarr_writing.is_metadata(k)]
+    assert metadata == published  # chunks were all written before the publish
+    node_docs = {".zarray", ".zgroup", "zarr.json"}
+    for i, key in enumerate(metadata):
+        parent, _, name = key.rpartition("/")
+        later = metadata[i + 1:]
+        if name in node_docs and parent:  # a child node: its parent's document follows
+            grand = parent.rpartition("/")[0]
+            assert any(k.rpartition("/")[0] == grand and k.rpartition("/")[2] in node_docs
+                       for k in later), (key, metadata)
+        if name == ".zattrs":  # a node's attributes come before its node document
+            assert any(k.rpartition("/")[0] == parent and k.rpartition("/")[2] in node_docs
+                       for k in later), (key, metadata)
+    assert metadata[-1] == (".zmetadata" if zarr_format == 2 else "zarr.json")
