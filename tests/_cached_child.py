@@ -178,44 +178,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # the parent side ---------------------------------------------------------------------------
-_SERIAL_MOTO = (
-    "import sys; from werkzeug.serving import run_simple; "
-    "from moto.moto_server.werkzeug_app import DomainDispatcherApplication, "
-    "MotoRequestHandler, create_backend_app; "
-    "run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app),"
-    " threaded=False, request_handler=MotoRequestHandler)")
-
-
-def start_serial_moto() -> Any:
-    """moto's S3 app served one request at a time.
-
-    moto checks If-Match / If-None-Match and then writes, in separate steps, while its
-    threaded server runs requests side by side: of writers racing on one version, two can
-    both pass (seen here: two winners of eight). S3 itself decides them atomically. The
-    races that leases rest on are therefore run against moto with its requests serialised,
-    which is as atomic as the real store; the client side (what is sent, what a 412 means)
-    is the same either way.
-    """
-    from durable.testing.servers import MotoServer, _start
-
-    def argv(port: int) -> list[str]:
-        return [sys.executable, "-c", _SERIAL_MOTO, str(port)]
-
-    return _start(MotoServer, "moto-serial", argv, "/moto-api/", 30.0, port_env="MOTO_PORT")
-
-
-def new_bucket(server: Any) -> tuple[str, dict[str, Any]]:
-    """A fresh bucket on ``server``: its URL and fsspec storage options."""
-    import urllib.request
-    import uuid
-
-    name = f"test-{uuid.uuid4().hex[:16]}"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(urllib.request.Request(f"{server.url}/{name}", method="PUT"), timeout=10):
-        pass
-    return f"s3://{name}", server.storage_options()
-
-
 class Child:
     """One child process, driven line by line over stdin/stdout."""
 

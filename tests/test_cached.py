@@ -36,6 +36,7 @@ from durable import (
     UnsupportedError,
 )
 from durable.adapters.local import LOCK_SUFFIX
+from durable.testing.pytest_plugin import Bucket
 
 STALE = _cached_child.STALE_AFTER
 
@@ -93,18 +94,9 @@ def memory() -> Iterator[Store]:
     MemoryFileSystem().rm(root, recursive=True)
 
 
-@pytest.fixture(scope="module")
-def serial_moto() -> Iterator[Any]:
-    server = _cached_child.start_serial_moto()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def s3(serial_moto: Any) -> Store:
-    """A bucket on moto serving one request at a time (see start_serial_moto)."""
-    url, options = _cached_child.new_bucket(serial_moto)
-    return Store("s3", f"{url}/cache", options)
+def s3(s3_bucket: Bucket) -> Store:
+    return Store("s3", s3_bucket.path("cache"), dict(s3_bucket.storage_options))
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -144,6 +136,7 @@ def race(store: Store, counter: str, n: int, n_rounds: int) -> list[dict[int, li
     return [got[i] for i in range(n)]
 
 
+@pytest.mark.slow  # 8 x 30 miss-and-wait rounds; on moto about 30-45 s, moto-bound
 def test_processes_compute_each_entry_once(shared: Store, counter: str) -> None:
     n, n_rounds = 8, 30
     results = race(shared, counter, n, n_rounds)

@@ -71,18 +71,9 @@ def memory() -> Iterator[Place]:
     MemoryFileSystem().rm(root, recursive=True)
 
 
-@pytest.fixture(scope="module")
-def serial_moto() -> Iterator[Any]:
-    server = _cached_child.start_serial_moto()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def s3(serial_moto: Any) -> Place:
-    """A bucket on moto serving one request at a time (see start_serial_moto)."""
-    url, options = _cached_child.new_bucket(serial_moto)
-    return Place("s3", f"{url}/ent", options)
+def s3(s3_bucket: Bucket) -> Place:
+    return Place("s3", s3_bucket.path("ent"), dict(s3_bucket.storage_options))
 
 
 @pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3)])

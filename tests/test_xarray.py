@@ -98,7 +98,7 @@ def client() -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as c:
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
         yield c
 
 

@@ -213,7 +213,8 @@ def start_moto(timeout: float = 30.0) -> MotoServer:
         )
 
     def argv(port: int) -> list[str]:
-        return [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)]
+        return [sys.executable, "-m", "durable.testing._moto_main", "-H", HOST, "-p",
+                str(port)]
 
     # moto builds some URLs from MOTO_PORT; a stale value in the caller's env misleads it.
     return _start(MotoServer, "moto", argv, "/moto-api/", timeout, port_env="MOTO_PORT")
