@@ -898,3 +898,22 @@ if __name__ == "__main__":
         _child_upload(sys.argv[2], json.loads(sys.argv[3]))
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")
+
+
+def test_lock_sidecars_left_by_a_cleared_cache_are_not_data(tmp_path: Path) -> None:
+    # Local conditional writes (leases) keep a `.durable/NAME.durable-lock` sidecar that
+    # outlives the entry: a scan must not report it, nor mark-complete adopt it.
+    import durable
+    from durable._scan import scan
+
+    root = str(tmp_path / "cache")
+
+    @durable.cached(root)
+    def f(x: int) -> int:
+        return x + 1
+
+    assert f(1) == 2
+    f.clear(1)
+    locks = list((tmp_path / "cache").rglob("*.durable-lock"))
+    assert locks, "the lease's lock sidecar is expected to outlive the entry"
+    assert scan(root) == []

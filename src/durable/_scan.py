@@ -56,7 +56,7 @@ from durable._entry import Entry
 from durable._errors import DurableError
 from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker
 from durable.adapters import Adapter, ObjectInfo, resolve
-from durable.adapters.local import TMP_MARK
+from durable.adapters.local import LOCK_SUFFIX, TMP_MARK
 
 __all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Survey", "entry_age",
            "read_records", "scan", "scan_survey", "survey"]
@@ -219,6 +219,10 @@ def survey(adapter: Adapter, path: str, *,
     path = path.rstrip("/") or path
     if listing is None:
         listing = adapter.list(path)
+    # Lock sidecars of local conditional writes (``.durable/NAME.durable-lock``) belong to
+    # durable's records, not to anyone's data: they outlive the entries they guarded.
+    listing = {k: i for k, i in listing.items()
+               if not (k.endswith(LOCK_SUFFIX) and f"{RECORDS_DIR}/" in f"/{k}")}
     entries: dict[str, EntryFound] = {}
     root_records = _root_records(adapter, path)
     if root_records:
