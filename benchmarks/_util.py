@@ -1,7 +1,7 @@
 """Shared timing helpers for the benchmarks: interleaved rounds, a table, a JSON record.
 
 These machines are shared and noisy, so absolute times mean little from one run to the
-next. Every case of a benchmark runs once per round, in a rotating order, in the same
+next. Every case of a benchmark runs once per round, in a random order, in the same
 process and on the same file system; only ratios between cases of the same run are
 reported. Timing never decides a test.
 """

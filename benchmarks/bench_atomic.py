@@ -12,6 +12,8 @@ system, in interleaved rounds:
                 and a size check after publishing
 - atomic+record durable.atomic_write(record=True): also a commit marker with the size and
                 CRC32C (one small write, fsync, rename, directory fsync)
+- atomic-serial-crc (with --serial-crc) atomic with the CRC32C run before each write
+                instead of beside it in a helper thread: the code before that overlap
 
 Target: atomic / plain <= 1.05.
 
