@@ -12,8 +12,10 @@ system, in interleaved rounds:
                 and a size check after publishing
 - atomic+record durable.atomic_write(record=True): also a commit marker with the size and
                 CRC32C (one small write, fsync, rename, directory fsync)
-- atomic-serial-crc (with --serial-crc) atomic with the CRC32C run before each write
-                instead of beside it in a helper thread: the code before that overlap
+- atomic-serial-crc (with --ablations) atomic with the CRC32C run before each write
+                instead of beside it in a helper thread
+- atomic-no-writeback (with --ablations) atomic without early writeback
+                (sync_file_range every 8 MiB): only the final fsync writes the data out
 
 Target: atomic / plain <= 1.05.
 
@@ -59,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "one kept is the base of the ratios)")
     p.add_argument("--seed", type=int, default=0, help="seed of the order of cases per round")
     p.add_argument("--out", help="results name (default bench_atomic, or bench_atomic_quick)")
-    p.add_argument("--serial-crc", action="store_true",
-                   help="add a case with the CRC32C/write overlap of the local adapter off "
-                        "(the code before it), to see what the overlap buys in this run")
+    p.add_argument("--ablations", "--serial-crc", action="store_true",
+                   help="add cases with the local adapter's CRC32C/write overlap off, and "
+                        "with its early writeback off, to see what each buys in this run")
     args = p.parse_args(argv)
     size = (args.size_mib or (256 if args.quick else 1024)) * MiB
     block_size = args.block_mib * MiB
@@ -109,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             local._OVERLAP_MIN = saved
 
+    def no_writeback(path: str) -> None:
+        from durable.adapters import local
+
+        saved = local._sync_file_range
+        local._sync_file_range = None  # only the final fsync writes the data out
+        try:
+            atomic(False)(path)
+        finally:
+            local._sync_file_range = saved
+
     def cleanup(path: str) -> None:
         # The marker of a recorded write lives beside it, in .durable/NAME.
         d, name = os.path.split(path)
@@ -121,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         Case("atomic", "durable.atomic_write(record=False)", atomic(False)),
         Case("atomic+record", "durable.atomic_write(record=True)", atomic(True)),
         Case("atomic-serial-crc", "atomic, CRC32C not overlapped with write", serial_crc),
+        Case("atomic-no-writeback", "atomic, no early writeback (fsync does it all)",
+             no_writeback),
     ]
     if args.cases:
         wanted = args.cases.split(",")
@@ -128,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown cases {sorted(unknown)}; there are {[c.name for c in cases]}")
         cases = [next(c for c in cases if c.name == n) for n in wanted]
-    elif not args.serial_crc:
-        cases = cases[:-1]
+    elif not args.ablations:
+        cases = cases[:-2]
     workdir = scratch_dir(args.dir, "bench-atomic")
     print(f"atomic_write of {size // MiB} MiB in {block_size // MiB} MiB blocks, "
           f"{rounds} rounds (+{args.warmup} warm-up), in {workdir}")

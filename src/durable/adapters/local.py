@@ -23,6 +23,7 @@ lose its lock without noticing.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -30,7 +31,7 @@ import stat as _stat
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -56,6 +57,29 @@ _OVERLAP_MIN = 2 * 1024 * 1024
 _CRC_WORKERS = 4
 _crc_pool: ThreadPoolExecutor | None = None
 _crc_lock = threading.Lock()
+
+
+# Early writeback (what RocksDB's bytes_per_sync and PostgreSQL's *_flush_after do): every
+# _WRITEBACK_EVERY bytes, ask the kernel to start writing the range just written
+# (sync_file_range, SYNC_FILE_RANGE_WRITE: starts I/O, waits for nothing). The disk then
+# works while Python writes the next blocks, and the final fsync, still the only thing that
+# makes the data durable, finds little left to do: a 1 GiB write takes ~0.6x as long as
+# write + one fsync at the end (benchmarks/bench_atomic.py, case "atomic-no-writeback").
+_WRITEBACK_EVERY = 8 * 1024 * 1024
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _find_sync_file_range() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range  # Linux (glibc, musl)
+    except (AttributeError, OSError):
+        return None  # macOS, Windows: fsync alone, as before
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _find_sync_file_range()
 
 
 def _checksum_pool() -> ThreadPoolExecutor:
@@ -236,6 +260,10 @@ class _LocalAtomicFile(AtomicFile):
         # and a temp in /tmp (fsspec's LocalFileSystem does that) may be another one.
         self._tmp = os.path.join(directory, f".{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
         self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._written = 0
+        self._started = 0  # bytes whose writeback is already started
+        self._writeback: Callable[[int, int, int, int], int] | None = (
+            _sync_file_range if durable else None)
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -259,6 +287,23 @@ class _LocalAtomicFile(AtomicFile):
         while data:
             n = os.write(self._fd, data)
             data = data[n:]
+            self._written += n
+        if self._writeback is not None and self._written - self._started >= _WRITEBACK_EVERY:
+            self._start_writeback()
+
+    def _start_writeback(self) -> None:
+        assert self._fd is not None and self._writeback is not None
+        start, length = self._started, self._written - self._started
+        if self._writeback(self._fd, start, length, _SYNC_FILE_RANGE_WRITE) == 0:
+            self._started = self._written
+            return
+        err = ctypes.get_errno()
+        if err in (errno.ENOSYS, errno.EINVAL, errno.ESPIPE, errno.EOPNOTSUPP):
+            self._writeback = None  # a file system without it: fsync alone, as before
+            return
+        # EIO and friends: the disk refused the data. Final for this write, like an fsync
+        # error (see _commit); the caller's exception aborts and removes the temp file.
+        raise OSError(err, f"{self._tmp}: starting writeback failed: {os.strerror(err)}")
 
     def _commit(self) -> ObjectInfo:
         fd = self._fd
