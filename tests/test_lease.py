@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,9 +369,16 @@ def test_on_s3_the_fence_stops_a_commit_taken_over_midway(s3_bucket: Bucket) -> 
             committing.set()
             return True
 
-        # The commit's look for another marker stalls (a slow network), and from then on
-        # so do the holder's renewals: to a waiter, the holder looks dead.
-        proxy.add(delay(3.0, match=Match(methods="HEAD", key="commit.json", where=first_look)))
+        # The commit's listing of the entry's data stalls (a slow network), and from then
+        # on so do the holder's renewals: to a waiter, the holder looks dead. (The full
+        # listing, no max-keys: writing()'s look for existing data lists at most 1 key.)
+        def commit_listing(q: Mapping[str, Sequence[str]]) -> bool:
+            prefix = q.get("prefix", [""])[0]
+            return ("list-type" in q and "max-keys" not in q and prefix.endswith("ent/")
+                    and ".durable" not in prefix)
+
+        proxy.add(delay(3.0, match=Match(methods="GET", query=commit_listing,
+                                         where=first_look)))
         proxy.add(delay(6.0, match=Match(methods="PUT", key="lease.json",
                                          where=lambda _: committing.is_set())))
         taken: list[Lease] = []

@@ -25,6 +25,7 @@ from durable._errors import (
 )
 from durable._fragments import MAX_FRAGMENT_BYTES, decode_fragment, fragments_dir
 from durable._protocol import (
+    MARKER_NAME,
     MAX_MANIFEST_BYTES,
     MAX_MARKER_BYTES,
     Layout,
@@ -179,7 +180,15 @@ class Entry:
     def status(self) -> Status:
         return self._status()
 
-    def _status(self, leased: bool = False) -> Status:
+    def _status(self, leased: bool = False, *, expect_absent: bool = False) -> Status:
+        if expect_absent:
+            # A writer about to start expects nothing here: one listing of the records
+            # answers "no marker, no writer" (on S3, 1 LIST instead of a GET of the marker
+            # and a HEAD + LIST of the records). Readers, who expect COMPLETE, read the
+            # marker first instead.
+            records = self.adapter.list(self.layout.records)
+            if MARKER_NAME not in records:
+                return self._status_unmarked(leased, records)
         marker = self.read_marker()
         if marker is not None:
             missing = self._data_missing(marker)
@@ -187,11 +196,18 @@ class Entry:
                 return Status(State.COMPLETE, f"committed at {marker.committed_at} by attempt "
                                               f"{marker.attempt}", marker)
             return Status(State.INCOMPLETE, f"marker present but data gone: {missing}", marker)
+        return self._status_unmarked(leased)
+
+    def _status_unmarked(self, leased: bool,
+                         records: dict[str, ObjectInfo] | None = None) -> Status:
+        """The state of an entry with no marker; ``records``: its records dir, if listed."""
         if self.adapter.exists(self.path):
             return Status(State.INCOMPLETE, "data present but no commit marker")
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
-        if (self._records_besides_lease() if leased
-                else self.adapter.exists(self.layout.records)):
+        if records is None:
+            # A listing, not exists(): the records dir is never an object (no HEAD needed).
+            records = self.adapter.list(self.layout.records)
+        if any(not self._is_lease_key(k) for k in records) if leased else records:
             return Status(State.INCOMPLETE, "a writer started but has not committed")
         return Status(State.ABSENT, "no marker and no data")
 
@@ -349,7 +365,7 @@ class Entry:
                 raise ValueError(f"{lease!r} is not the lease of {self.url}")
             lease.check()
         try:
-            st = self._status(leased=keep_lease)
+            st = self._status(leased=keep_lease, expect_absent=not (update or resume))
         except MarkerError:
             if not overwrite:
                 raise
@@ -415,7 +431,8 @@ class Entry:
                     self.adapter.delete_prefix(self.path)
                     self._clear_records(keep_lease)
                 else:
-                    self.adapter.delete([self.layout.attempt_record(writer.attempt)])
+                    self.adapter.delete([self.layout.attempt_record(writer.attempt),
+                                         *writer._spent])
             raise
 
     def _clear(self, keep_lease: bool = False) -> None:
@@ -428,9 +445,6 @@ class Entry:
         """The lease, or a temp file of a write of it (keys relative to the records)."""
         name = self.layout.lease.rpartition("/")[2]
         return key == name or (key.startswith(f".{name}") and TMP_MARK in key)
-
-    def _records_besides_lease(self) -> bool:
-        return any(not self._is_lease_key(k) for k in self.adapter.list(self.layout.records))
 
     def _clear_records(self, keep_lease: bool) -> None:
         if not keep_lease:
@@ -446,10 +460,17 @@ class Entry:
             # Proven held (a conditional rewrite), not just believed: a lease removed or
             # taken over during the write stops the commit here, before any of its work.
             lease.renew()
-        if self.adapter.info(self.layout.marker) is not None:
+        # One listing of the records: another writer's marker (fail before any work; the
+        # create-only marker write below is what decides a race) and this attempt's
+        # fragments, merged and then removed with the attempt record.
+        in_records = (writer._records_listing if writer._records_listing is not None
+                      else self.adapter.list(self.layout.records))
+        if MARKER_NAME in in_records:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url)
-        listing = self.adapter.list(self.path)
+        fragments = {k: i for k, i in in_records.items()
+                     if k.startswith(f"fragments/{writer.attempt}/")}
+        listing = writer._listing if writer._listing is not None else self.adapter.list(self.path)
         # Temp files of writers killed mid-object never become part of an entry.
         leftovers = [i.path for k, i in listing.items() if TMP_MARK in k.rpartition("/")[2]]
         if leftovers:
@@ -478,7 +499,7 @@ class Entry:
             raise IntegrityError(f"{self.url}: not committing: " + "; ".join(problems),
                                  url=self.url)
         extra = {k: i for k, i in listing.items() if k not in recorded}
-        recorded_elsewhere = self._merge_fragments(writer.attempt, extra)
+        recorded_elsewhere = self._merge_fragments(writer.attempt, extra, fragments)
         extra = {k: i for k, i in extra.items() if k not in recorded_elsewhere}
         for k, info in list(extra.items()):
             base = writer._baseline.get(k)
@@ -501,12 +522,14 @@ class Entry:
                           _dirs_of(self, listing) + records_dirs)
         marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
                                     lease.fenced() if lease is not None else None)
-        self.adapter.delete([self.layout.attempt_record(writer.attempt)])
-        self.adapter.delete_prefix(fragments_dir(self.layout.records, writer.attempt))
+        self.adapter.delete([self.layout.attempt_record(writer.attempt), *writer._spent]
+                            + [i.path for i in fragments.values()])
+        if fragments:
+            self.adapter.prune(fragments_dir(self.layout.records, writer.attempt))
         return marker
 
-    def _merge_fragments(self, attempt: str,
-                         unrecorded: dict[str, ObjectInfo]) -> dict[str, ObjectRecord]:
+    def _merge_fragments(self, attempt: str, unrecorded: dict[str, ObjectInfo],
+                         fragments: dict[str, ObjectInfo]) -> dict[str, ObjectRecord]:
         """Records other processes flushed for ``attempt``, for the objects listed now.
 
         A key is taken from the fragments only when every fragment that recorded it agrees
@@ -515,8 +538,7 @@ class Entry:
         if not unrecorded:
             return {}
         candidates: dict[str, set[ObjectRecord | None]] = {}
-        for _, info in sorted(
-                self.adapter.list(fragments_dir(self.layout.records, attempt)).items()):
+        for _, info in sorted(fragments.items()):
             where = self.adapter.url(info.path)
             try:
                 data = self.adapter.read(info.path, limit=MAX_FRAGMENT_BYTES)
@@ -569,6 +591,9 @@ class EntryWriter:
         self._lock = threading.Lock()
         self._closed = False
         self._lease: Lease | None = None
+        self._listing: dict[str, ObjectInfo] | None = None
+        self._records_listing: dict[str, ObjectInfo] | None = None
+        self._spent: list[str] = []
         self.fs = RecordingFileSystem(self)
 
     def key_of(self, path: str) -> str:
@@ -588,6 +613,7 @@ class EntryWriter:
             # entry of the writer that took the lease over.
             self._lease.check()
         check_key(key, self.url)
+        self._listing = None  # taken before this write: no longer the whole entry
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
         f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc,
@@ -611,6 +637,28 @@ class EntryWriter:
                 self._versions.pop(key, None)
             else:
                 self._versions[key] = version
+
+    def use_listing(self, listing: dict[str, ObjectInfo] | None = None, *,
+                    records: dict[str, ObjectInfo] | None = None) -> None:
+        """Hand the commit listings taken after the last write finished, so it need not
+        list again: ``listing`` of the entry, ``records`` of its records dir (relative
+        keys, as `Adapter.list` gives them).
+
+        For integrations that list anyway once their writes are done (to record objects
+        from their sizes, to publish staged metadata). A write through the writer
+        afterwards discards the entry's listing. The records listing serves to fail early
+        on another writer's marker (the create-only marker write decides) and to find the
+        fragments of this attempt, all flushed before it was taken.
+        """
+        if listing is not None:
+            self._listing = dict(listing)
+        if records is not None:
+            self._records_listing = dict(records)
+
+    def remove_when_done(self, paths: list[str]) -> None:
+        """Records of this attempt (paths in the records dir) that have served their
+        purpose: removed with the attempt record when the block ends (one request)."""
+        self._spent.extend(paths)
 
     def forget(self, key: str) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter
 from durable._errors import AlreadyCompleteError
 from durable._fragments import FragmentRecorder
+from durable._protocol import MARKER_NAME
 from durable._zarr_reading import get_whole, inner_store
 
 if TYPE_CHECKING:
@@ -122,10 +123,6 @@ async def _crc(value: Buffer) -> tuple[int, int]:
     if view.nbytes > _CRC_INLINE:
         return view.nbytes, await asyncio.to_thread(crc32c, view)
     return view.nbytes, crc32c(view)
-
-
-async def _collect(iterator: AsyncIterator[str]) -> list[str]:
-    return [k async for k in iterator]
 
 
 async def _union(*iterators: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -307,10 +304,12 @@ class WritingStore(WrapperStore[Store]):
         return _union(self._staging.list_dir(prefix), self._store.list_dir(prefix))
 
     # commit --------------------------------------------------------------------------------
-    def publish(self) -> None:
+    def publish(self, writer: EntryWriter | None = None) -> None:
         """Copy every staged metadata document into the entry (recorded), then drop staging.
 
-        Called by `writing` after the last chunk and before the marker; idempotent.
+        Called by `writing` after the last chunk and before the marker; idempotent. With
+        the ``writer`` on an object store, the staged copies go with the writer's attempt
+        record after the marker (one request for both), not now.
         """
         entry = Entry(self._url, storage_options=self._storage_options)
         local = isinstance(self._store, LocalStore)
@@ -319,25 +318,32 @@ class WritingStore(WrapperStore[Store]):
             leftovers = [os.path.join(d, f) for d, _, files in os.walk(entry.path)
                          for f in files if _PARTIAL.search(f)]
             entry.adapter.delete(leftovers)
-        published = sync(self._publish(entry))
+        published = sync(self._publish(entry, writer))
         staging = f"{entry.layout.records}/{STAGING}"
         if local:
             # The whole dir: also any temp file a killed writer left in it.
             entry.adapter.delete_prefix(staging)
+        elif writer is not None:
+            # Published and recorded: a staged copy left by a crash before the marker is
+            # the same document, and one left under a marker is inert.
+            writer.remove_when_done([f"{staging}/{key}" for key in published])
         else:
             entry.adapter.delete([f"{staging}/{key}" for key in published])
         if isinstance(self._recorder, FragmentRecorder):
             self._recorder.flush()
 
-    async def _publish(self, entry: Entry) -> tuple[str, ...]:
+    async def _publish(self, entry: Entry, writer: EntryWriter | None) -> tuple[str, ...]:
         from zarr.core.buffer import default_buffer_prototype
 
         proto = default_buffer_prototype()
-        committed, listed = await asyncio.gather(
-            asyncio.to_thread(entry.adapter.info, entry.layout.marker),
-            _collect(self._staging.list()))
-        keys = [k for k in listed if is_metadata(k)]
-        if committed is not None:
+        # One listing of the records: another writer's marker, and what is staged. The
+        # commit reuses it (the workers' fragments were all flushed before it was taken).
+        records = await asyncio.to_thread(entry.adapter.list, entry.layout.records)
+        if writer is not None:
+            writer.use_listing(records=records)
+        keys = [k[len(STAGING) + 1:] for k in records
+                if k.startswith(f"{STAGING}/") and is_metadata(k)]
+        if MARKER_NAME in records:
             # Another writer committed meanwhile: publishing now would put this writer's
             # metadata over that writer's committed chunks. What is staged is nobody's now
             # (no writer commits over a marker), and a later update must not take it for
@@ -411,6 +417,6 @@ def coordinating(entry: Entry, writer: EntryWriter, *,
             store.hide_metadata()
         yield store
         flush_workers()
-        store.publish()
+        store.publish(writer)
     finally:
         _WRITERS.pop(writer.attempt, None)

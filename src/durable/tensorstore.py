@@ -175,6 +175,8 @@ class TensorStoreWriter:
         if locks:
             adapter.delete(locks)
             listing = {k: i for k, i in listing.items() if not k.endswith(_LOCK_SUFFIX)}
+        # Taken after every write finished: the commit checks against it, not a new one.
+        writer.use_listing(listing)
         codewords: list[re.Pattern[str]] = []  # chunks of arrays whose last codec is crc32c
         sharded: list[tuple[re.Pattern[str], tuple[int, bool]]] = []  # shards, their layout
         for key, info in listing.items():

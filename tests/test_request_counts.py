@@ -1,0 +1,91 @@
+"""Requests the commit protocol makes on S3, pinned: on object stores each one is a round
+trip (and on moto, CPU), so a change that adds one should be seen and justified.
+
+Counted through the fault proxy (no fault injected) in front of the moto server. The
+comments say what each request is for; a count going down is good news: update it.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import durable
+from durable.testing.faults import FaultProxy, RequestRecord
+from durable.testing.pytest_plugin import Bucket
+
+pytestmark = pytest.mark.s3
+
+
+def _kind(r: RequestRecord) -> str:
+    if r.method == "GET" and "list-type" in r.query:
+        return "LIST"
+    if r.method == "POST" and "delete" in r.query:
+        return "DELETE"
+    return r.method
+
+
+@pytest.fixture
+def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        # The per-endpoint create-only probe runs once per process and endpoint: pay it
+        # before counting, as every later commit does.
+        with durable.Entry(s3_bucket.path("warm"), storage_options=options).writing() as w:
+            w.write_bytes("a", b"a")
+        proxy.clear_requests()
+        yield proxy, options
+
+
+def _counts(proxy: FaultProxy, skip: str | None = None) -> dict[str, int]:
+    kinds = collections.Counter(_kind(r) for r in proxy.requests
+                                if skip is None or skip not in r.path)
+    proxy.clear_requests()
+    return dict(kinds)
+
+
+def test_a_fresh_entry_write_on_s3(s3_bucket: Bucket,
+                                   proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    proxy, options = proxied
+    entry = durable.Entry(s3_bucket.path("e"), storage_options=options)
+    with entry.writing() as w:
+        # Start: LIST of the records (no marker, no writer), HEAD + LIST of the entry (no
+        # data: it could be one object or a prefix), PUT of the attempt record.
+        assert _counts(proxy) == {"LIST": 2, "HEAD": 1, "PUT": 1}
+        w.write_bytes("a", b"1" * 100)
+        w.write_bytes("b/c", b"2" * 100)
+        assert _counts(proxy) == {"PUT": 2}  # the data, nothing else
+    # Commit: LIST of the records (another writer's marker, this attempt's fragments),
+    # LIST of the entry (what is there vs what was written), the create-only marker PUT,
+    # one DeleteObjects for the attempt record (and fragments).
+    assert _counts(proxy) == {"LIST": 2, "PUT": 1, "DELETE": 1}
+    assert entry.state() is durable.State.COMPLETE
+    # A reader's status: the marker, then the first and last objects of its manifest.
+    assert _counts(proxy) == {"GET": 1, "HEAD": 2}
+
+
+def test_a_zarr_write_on_s3_adds_a_fixed_number_of_requests(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    import durable.zarr as dz
+
+    proxy, options = proxied
+    data = np.arange(64 * 64, dtype="f4").reshape(64, 64)
+    for name, chunks in (("small", (32, 32)), ("large", (8, 8))):
+        dz.write(s3_bucket.path(name), data, chunks=chunks, storage_options=options)
+        per_chunk = collections.Counter(r.method for r in proxy.requests if "/c/" in r.path)
+        assert per_chunk == {"PUT": (64 // chunks[0]) ** 2}
+        # Besides one PUT per chunk: the 4 requests of writing()'s start; zarr's own look
+        # for an existing array (staged copy, then the entry); the staged zarr.json PUT;
+        # at publish one LIST of the records, the staged document's GET and its PUT into
+        # the entry; the commit's LIST of the entry, marker PUT and DeleteObjects (of the
+        # attempt record and the staged copy): 13, whatever the number of chunks (plain
+        # zarr makes 3 of them: its look for an existing array and the zarr.json PUT).
+        assert _counts(proxy, skip="/c/") == {"LIST": 4, "HEAD": 1, "PUT": 4, "GET": 3,
+                                              "DELETE": 1}, name
+        assert dz.open(s3_bucket.path(name), storage_options=options)[...].tolist() == \
+            data.tolist()
+        proxy.clear_requests()
