@@ -353,10 +353,17 @@ class LocalAdapter(Adapter):
     def sync(self, paths: Iterable[str], dirs: Iterable[str] = ()) -> None:
         """fsync every file, then each directory once (not once per file)."""
         paths = list(paths)
-        all_dirs = set(dirs) | {os.path.dirname(p) for p in paths}
-        with ThreadPoolExecutor(_SYNC_WORKERS) as pool:
+        all_dirs = sorted(set(dirs) | {os.path.dirname(p) for p in paths})
+        if len(paths) + len(all_dirs) <= 2:
+            # A small commit (a marker and its directory): no thread hand-offs.
+            for p in paths:
+                _fsync_file(p)
+            for d in all_dirs:
+                fsync_dir(d)
+            return
+        with ThreadPoolExecutor(min(_SYNC_WORKERS, len(paths) + 1)) as pool:
             list(pool.map(_fsync_file, paths))
-            list(pool.map(fsync_dir, sorted(all_dirs)))
+            list(pool.map(fsync_dir, all_dirs))
 
     def info(self, path: str) -> ObjectInfo | None:
         try:
