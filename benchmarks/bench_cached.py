@@ -17,9 +17,11 @@ Requests: one miss and one hit of the same function on S3 (moto on 127.0.0.1 beh
 fault proxy, no fault injected), counted by kind from the proxy's log; the first miss of a
 process also probes the endpoint once (create-only and If-Match enforcement) and is
 reported apart. On the local disk the same calls are counted as adapter operations.
+tests/test_cached.py pins the S3 counts, with what each request is for.
 
-    python benchmarks/bench_cached.py            # 200 calls per case, 7 rounds
-    python benchmarks/bench_cached.py --quick    # 50 calls, 3 rounds
+    python benchmarks/bench_cached.py                   # 200 calls per case, 7 rounds
+    python benchmarks/bench_cached.py --quick           # 50 calls, 3 rounds
+    python benchmarks/bench_cached.py --requests-only   # the counts alone, no results file
 """
 
 from __future__ import annotations
@@ -105,6 +107,13 @@ def requests_on_s3() -> dict[str, Any]:
 
 
 def _kind(r: Any) -> str:
+    if "list-type" in r.query:
+        # Which listing: the entry's records (marker, lease, attempts) or its data.
+        prefix = r.query.get("prefix", [""])[0]
+        what = "records" if "/.durable/" in f"/{prefix}" else "data"
+        return f"LIST {what}" + (" max-keys=1" if "max-keys" in r.query else "")
+    if r.method == "POST" and "delete" in r.query:
+        return "DeleteObjects"
     key = r.key
     name = key.rsplit("/", 1)[-1] if key else "(bucket)"
     if name.startswith(".durable-probe-"):
@@ -128,6 +137,17 @@ def requests_on_disk(workdir: str) -> dict[str, Any]:
     return out
 
 
+def _print_counts(disk: dict[str, Any], s3: dict[str, Any] | None) -> None:
+    for where, counted in (("local disk (adapter operations)", disk), ("S3 (requests)", s3)):
+        if counted is None:
+            continue
+        print(f"\n{where}:")
+        for label, doc in counted.items():
+            total = doc.get("requests", doc.get("operations"))
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(doc["by_kind"].items()))
+            print(f"  {label}: {total}  ({shown})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="50 calls, 3 rounds")
@@ -136,10 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--dir", help="where to cache (default: the system temp dir)")
     p.add_argument("--no-s3", action="store_true", help="skip the S3 request count")
+    p.add_argument("--requests-only", action="store_true",
+                   help="count requests, no timing; print only (no results file)")
     p.add_argument("--out", help="results name (default bench_cached[_quick])")
     args = p.parse_args(argv)
     calls = args.calls or (50 if args.quick else 200)
     rounds = args.rounds or (3 if args.quick else 7)
+
+    if args.requests_only:
+        workdir = scratch_dir(args.dir, "bench-cached")
+        try:
+            disk = requests_on_disk(workdir)
+        finally:
+            remove(workdir)
+        _print_counts(disk, None if args.no_s3 else requests_on_s3())
+        return 0
 
     import joblib
     import numpy as np
@@ -183,14 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         remove(workdir)
     s3 = None if args.no_s3 else requests_on_s3()
-    for where, counted in (("local disk (adapter operations)", disk), ("S3 (requests)", s3)):
-        if counted is None:
-            continue
-        print(f"\n{where}:")
-        for label, doc in counted.items():
-            total = doc.get("requests", doc.get("operations"))
-            shown = ", ".join(f"{k} {v}" for k, v in sorted(doc["by_kind"].items()))
-            print(f"  {label}: {total}  ({shown})")
+    _print_counts(disk, s3)
     out = write_results(args.out or ("bench_cached_quick" if args.quick else "bench_cached"), {
         "benchmark": "bench_cached",
         "machine": machine_info(tempfile.gettempdir()),

@@ -36,6 +36,8 @@ from durable import (
     UnsupportedError,
 )
 from durable.adapters.local import LOCK_SUFFIX
+from durable.testing import faults
+from durable.testing.faults import FaultProxy, RequestRecord
 from durable.testing.pytest_plugin import Bucket
 
 STALE = _cached_child.STALE_AFTER
@@ -457,3 +459,154 @@ def test_lease_lost_mid_computation_never_commits(local: Store, counter: str) ->
         f(11)
     assert entry.read_marker() is None
 
+
+
+# requests per call on S3 ----------------------------------------------------------------------
+@pytest.fixture
+def proxied(s3_bucket: Bucket) -> Iterator[tuple[Store, FaultProxy]]:
+    """The S3 store reached through the fault proxy, which logs every request."""
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = dict(s3_bucket.storage_options, endpoint_url=proxy.url)
+        yield Store("s3", s3_bucket.path("cache"), options), proxy
+
+
+def _request_kinds(requests: list[RequestRecord], entry: Entry) -> collections.Counter[str]:
+    """Requests by what they touch, relative to ``entry``: "GET marker 404", "LIST data",
+    "PUT lease If-Match 200", ... (keys are path-style: the bucket is the first segment)."""
+    data = entry.path.split("/", 1)[1]
+    records = entry.layout.records.split("/", 1)[1]
+    kinds: collections.Counter[str] = collections.Counter()
+    for r in requests:
+        cond = (" If-None-Match" if "if-none-match" in r.headers
+                else " If-Match" if "if-match" in r.headers else "")
+        if "list-type" in r.query:
+            prefix = r.query["prefix"][0].rstrip("/")
+            what = {data: "data", records: "records"}.get(prefix, prefix)
+            name = f"LIST {what}" + (" max-keys=1" if "max-keys" in r.query else "")
+        elif r.method == "POST" and "delete" in r.query:
+            name = "DeleteObjects"
+        else:
+            if r.key.startswith(records + "/"):
+                rel = r.key[len(records) + 1:]
+                what = ("attempt record" if rel.startswith("attempts/")
+                        else {"commit.json": "marker", "lease.json": "lease"}.get(rel, rel))
+            elif r.key.startswith(data + "/"):
+                rel = r.key[len(data) + 1:]
+                what = "value" if rel.startswith("value.") else rel
+            else:
+                what = "entry" if r.key == data else r.key
+            name = f"{r.method} {what}{cond}"
+        kinds[f"{name} {r.status}"] += 1
+    return kinds
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("value", [np.arange(16.0), {"a": [1, 2.5], "b": "text"}],
+                         ids=["ndarray", "dict"])
+def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProxy],
+                                                 value: Any) -> None:
+    """Every request of one miss and one hit of a small result, by kind: a change in what a
+    call costs on an object store shows up here (update the counts on purpose only)."""
+    store, proxy = proxied
+    calls: list[int] = []
+
+    def small(x: int) -> Any:
+        calls.append(x)
+        return value
+
+    # stale_after=600: no heartbeat (every 120 s) can add a renewal to the count.
+    f = durable.cached(store.root, storage_options=store.options, stale_after=600)(small)
+    f(0)  # the first miss of a process probes the endpoint (create-only, If-Match): apart
+    entry = f.entry(1)
+
+    proxy.clear_requests()
+    f(1)
+    assert _request_kinds(proxy.requests, entry) == {
+        "GET marker 404": 1,               # the look for a hit
+        "PUT lease If-None-Match 200": 1,  # the writer lease, create-only: one writer
+        "LIST records 200": 2,             # writing(): no marker nor other writer since the
+                                           # look; commit: no other writer's marker
+        "HEAD entry 404": 1,               # writing(): no single-object entry at the path,
+        "LIST data max-keys=1 200": 1,     # ... and no data left by a writer without lease
+        "PUT attempt record 200": 1,       # this attempt, seen by scan / clean
+        "PUT value 200": 1,                # the result
+        "PUT key.json 200": 1,             # the canonical arguments, for inspection
+        "PUT lease If-Match 200": 2,       # commit: the lease proven held; the fence
+        "LIST data 200": 1,                # commit: the data is what the writer recorded
+        "PUT marker If-None-Match 200": 1,  # the commit, create-only
+        "DeleteObjects 200": 1,            # the attempt record, once committed
+        "GET value 200": 1,                # read back, verified against the writer's records
+        "DELETE lease If-Match 204": 1,    # release, if still ours
+    }
+
+    proxy.clear_requests()
+    got = f(1)
+    assert _request_kinds(proxy.requests, entry) == {
+        "GET marker 200": 1,  # the marker, with the manifest
+        "GET value 200": 1,   # the value, verified against the manifest's size and CRC32C
+    }
+    np.testing.assert_equal(got, value)
+    assert calls == [0, 1]
+    assert not proxy.errors
+
+
+@pytest.mark.s3
+def test_a_miss_returns_only_what_the_store_kept(proxied: tuple[Store, FaultProxy],
+                                                counter: str) -> None:
+    """The miss does not read its marker back, but still reads its value back, verified
+    against what it wrote: bytes the store kept wrong are an error, never the result."""
+    store, proxy = proxied
+    # The last byte of the value's PutObject is flipped on the way, and moto keeps it
+    # despite the CRC32C sent with it; GETs come without the store's checksum (a store
+    # without flexible checksums), so only durable's own check stands between.
+    proxy.add(faults.corrupt_part_bytes(offset=-1, method="PUT", key="/value.npy",
+                                        query="!uploadId"))
+    proxy.add(faults.strip_headers(method="GET"))
+    f = cached_compute(store.root, store.options, "raise")
+    for _ in range(2):  # the miss, then a hit of what it committed
+        with pytest.raises(IntegrityError, match=r"value\.npy: \d+ bytes with CRC32C"):
+            f(12)
+    assert computations(counter) == [(12, os.getpid())]  # never recomputed over it
+    assert proxy.count(method="PUT", key="/value.npy") == 1
+
+
+@pytest.mark.s3
+def test_a_loser_of_the_lease_race_reads_the_winners_marker_once(
+        s3_bucket: Bucket, proxied: tuple[Store, FaultProxy], counter: str) -> None:
+    """Another writer takes the lease and commits between our look and our lease: the
+    marker the wait finds is the one the result is loaded from (not read again), and it is
+    the winner's result, never computed here."""
+    store, proxy = proxied
+    f = cached_compute(store.root, store.options, "raise")
+    f(0)  # the endpoint probes, apart
+    direct = Entry(f.entry(13).url, storage_options=s3_bucket.storage_options)
+    winner: list[durable.Lease] = []
+
+    def commit_first(_: faults.RequestInfo) -> bool:
+        # In the proxy, before our create-only lease PUT goes on: the winner, straight to
+        # moto, takes the lease and commits, and holds the lease on.
+        if not winner:
+            winner.append(durable.Lease(direct).acquire())
+            with direct.writing(lease=winner[0]) as w:
+                w.write_bytes("value.json", b"[13, 1]")
+                w.write_bytes("key.json", b"{}")
+        return True
+
+    proxy.add(faults.delay(0, match=faults.Match(methods="PUT", key="/lease.json",
+                                                 where=commit_first)))
+    proxy.clear_requests()
+    try:
+        assert f(13) == [13, 1]
+    finally:
+        for lease in winner:
+            lease.release()
+    assert _request_kinds(proxy.requests, f.entry(13)) == {
+        "GET marker 404": 1,               # the look for a hit
+        "PUT lease If-None-Match 412": 1,  # the winner holds the lease
+        "HEAD lease 200": 2,               # the refused PUT: not our own retry landed?;
+                                           # the wait: one look at the lease,
+        "GET marker 200": 1,               # ... and at the marker before a verdict: committed
+        "GET value 200": 1,                # the winner's value, verified
+    }
+    assert computations(counter) == [(0, os.getpid())]
+    assert not proxy.errors

@@ -11,7 +11,8 @@ inspection). How each state of the entry is met:
   an IntegrityError, never a silent recompute (joblib recomputes over load errors).
 - ABSENT: take the writer lease (create-only), compute, write, commit under the lease,
   release; the value is then read back from the entry, so the first caller gets what
-  every later caller gets.
+  every later caller gets. It is verified against the writer's own records, which are
+  the committed manifest: the marker just written is not read again.
 - INCOMPLETE, by ``on_incomplete``:
   ``"raise"`` (default): IncompleteExistsError naming the entry, the lease holder if any,
   and how to resolve it (incident 001: a leftover stops the run until resolved).
@@ -20,6 +21,9 @@ inspection). How each state of the entry is met:
   ``"takeover"``: as ``"wait"``, but an abandoned entry is recomputed under a lease taken
   over conditionally: never a live writer's.
 - Another process commits first while this one computes: its result is returned.
+
+On S3 a hit is two GETs (the marker with its manifest; the value, verified against it);
+tests/test_cached.py pins what a hit and a miss send, request by request.
 
 cachier's "in progress" flag, left set forever by a killed process, is what the lease's
 staleness replaces: a dead writer's lease stops being renewed, and waiters see that.
@@ -46,7 +50,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar
 from durable._entry import Entry
 from durable._errors import AlreadyCompleteError, IncompleteExistsError
 from durable._lease import Lease, LeaseView, LeaseWatch, describe
-from durable._protocol import Marker, State
+from durable._protocol import Manifest, Marker, State
 from durable._serializers import choose, load_value
 from durable.adapters import resolve
 
@@ -173,11 +177,12 @@ class CachedFunction(Generic[P, R]):
         entry, doc, digest = self._locate(args, kwargs)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         watch = LeaseWatch(entry, stale_after=self._stale_after)
+        known: Marker | None = None  # a marker _wait has just read: not read again
         while True:
             if not force:
-                marker = entry.read_marker()
+                marker, known = known or entry.read_marker(), None
                 if marker is not None:
-                    return self._load(entry, marker)
+                    return self._load(entry, marker.manifest)
             lease = self._lease(entry)
             if lease.try_acquire():
                 with lease:
@@ -189,8 +194,9 @@ class CachedFunction(Generic[P, R]):
                     f"({describe(watch.peek())})", url=entry.url)
             # Another writer holds the lease: at work, or dead (stale).
             view = self._wait(entry, watch, deadline)
-            if view is None:
-                continue  # released: committed, or failed and cleaned up; look again
+            if not isinstance(view, LeaseView):
+                known = view  # committed (its marker), or released: look again
+                continue
             taker = self._lease(entry)
             try:
                 taker.take_over(view)
@@ -200,10 +206,11 @@ class CachedFunction(Generic[P, R]):
                 return self._compute(entry, self._key_json(doc, digest), taker, args, kwargs,
                                      True)
 
-    def _wait(self, entry: Entry, watch: LeaseWatch, deadline: float | None) -> LeaseView | None:
-        """Watch another writer's lease: None once it is gone (or the entry committed), the
-        stale view for "takeover"; IncompleteExistsError for "raise", for an abandoned
-        entry under "wait", and at the deadline."""
+    def _wait(self, entry: Entry, watch: LeaseWatch,
+              deadline: float | None) -> LeaseView | Marker | None:
+        """Watch another writer's lease: None once it is gone, the marker once the entry
+        is committed, the stale view for "takeover"; IncompleteExistsError for "raise",
+        for an abandoned entry under "wait", and at the deadline."""
         pause = _FIRST_POLL
         for polls in itertools.count(1):
             view = watch.poll()  # one stat per poll
@@ -213,8 +220,10 @@ class CachedFunction(Generic[P, R]):
             # hold its lease (or have died before releasing it).
             verdict = (self.on_incomplete == "raise" or view.stale
                        or (deadline is not None and time.monotonic() >= deadline))
-            if (verdict or polls % 8 == 0) and entry.read_marker() is not None:
-                return None
+            if verdict or polls % 8 == 0:
+                marker = entry.read_marker()
+                if marker is not None:
+                    return marker
             if self.on_incomplete == "raise":
                 raise IncompleteExistsError(self._held(entry, watch.peek(), view.stale_after),
                                             url=entry.url)
@@ -268,18 +277,27 @@ class CachedFunction(Generic[P, R]):
             ser = choose(value, name=self._serializer, allow_pickle=self._pickle)
             ser.dump(value, w, f"value.{ser.name}")
             w.write_bytes("key.json", key_json)
-            # The commit; AlreadyCompleteError: another writer committed first, and its
-            # result is as good as ours.
-            with contextlib.suppress(AlreadyCompleteError):
-                stack.close()
-        return self._load(entry)
+            try:
+                stack.close()  # the commit
+            except AlreadyCompleteError:
+                return self._load(entry)  # another writer committed first: its result
+        # Committed, and the marker holds what this writer recorded (unrecorded="error"
+        # admits nothing else), so it is not read again: the value alone is read back,
+        # verified against our records, so the first caller gets what later callers get
+        # and a store that kept other bytes than were sent fails here.
+        return self._load(entry, Manifest(w.records()))
 
-    def _load(self, entry: Entry, marker: Marker | None = None) -> R:
-        marker = marker or entry.read_marker()
-        if marker is None:
-            raise IncompleteExistsError(f"{entry.url}: its commit marker went away while it "
-                                        "was being read (cleared meanwhile?)", url=entry.url)
-        value: R = load_value(entry, marker, allow_pickle=self._pickle)
+    def _load(self, entry: Entry, manifest: Manifest | None = None) -> R:
+        """The stored result, read verified against ``manifest`` (None: the marker's)."""
+        if manifest is None:
+            marker = entry.read_marker()
+            if marker is None:
+                raise IncompleteExistsError(f"{entry.url}: its commit marker went away while "
+                                            "it was being read (cleared meanwhile?)",
+                                            url=entry.url)
+            manifest = marker.manifest
+        assert manifest is not None  # read_marker resolves an external manifest
+        value: R = load_value(entry, manifest, allow_pickle=self._pickle)
         return value
 
     # messages ----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Any, cast
 from durable._checksum import crc32c, crc_to_hex
 from durable._entry import Entry, EntryWriter
 from durable._errors import IntegrityError, MarkerError, UnsupportedError
-from durable._protocol import Marker, ObjectRecord
+from durable._protocol import Manifest, ObjectRecord
 from durable.adapters import Adapter
 
 __all__ = ["Serializer", "choose", "load_value", "register_serializer"]
@@ -61,7 +61,9 @@ class Serializer(ABC):
     def dump(self, value: Any, writer: EntryWriter, key: str) -> None: ...
 
     @abstractmethod
-    def load(self, entry: Entry, key: str, marker: Marker) -> Any: ...
+    def load(self, entry: Entry, key: str, manifest: Manifest) -> Any:
+        """The value under ``key``, read verified against ``manifest`` (the committed
+        one, or on a miss the writer's own records of what it just wrote)."""
 
 
 def _read(adapter: Adapter, path: str) -> bytes | bytearray | None:
@@ -127,9 +129,8 @@ class BytesSerializer(Serializer):
                             "not bytes")
         writer.write_bytes(key, bytes(data))
 
-    def load(self, entry: Entry, key: str, marker: Marker) -> Any:
-        assert marker.manifest is not None
-        data = read_recorded(entry, key, marker.manifest.objects[key])
+    def load(self, entry: Entry, key: str, manifest: Manifest) -> Any:
+        data = read_recorded(entry, key, manifest.objects[key])
         return self._loads(data if self._buffers or isinstance(data, bytes) else bytes(data))
 
 
@@ -246,7 +247,7 @@ class _Zarr(Serializer):
             if data is not None:
                 writer.record(f".durable/{k}", len(data), crc32c(data), version=info.version)
 
-    def load(self, entry: Entry, key: str, marker: Marker) -> Any:
+    def load(self, entry: Entry, key: str, manifest: Manifest) -> Any:
         from durable.xarray import open_zarr
 
         ds = open_zarr(f"{entry.url}/{key}", storage_options=entry.storage_options)
@@ -325,13 +326,12 @@ def by_name(name: str, *, allow_pickle: bool) -> Serializer:
                            "(register it with durable.register_serializer)")
 
 
-def load_value(entry: Entry, marker: Marker, *, allow_pickle: bool) -> Any:
-    """The result stored in a COMPLETE entry, read verified by its serializer."""
-    assert marker.manifest is not None
-    heads = {k.split("/", 1)[0] for k in marker.manifest.objects}
+def load_value(entry: Entry, manifest: Manifest, *, allow_pickle: bool) -> Any:
+    """The result stored in an entry with this manifest, read verified by its serializer."""
+    heads = {k.split("/", 1)[0] for k in manifest.objects}
     values = sorted(h for h in heads if h.startswith("value."))
     if len(values) != 1:
         raise MarkerError(f"{entry.url}: not a durable.cached entry (its manifest holds "
                           f"{len(values)} 'value.*' results, expected 1)", url=entry.url)
     key = values[0]
-    return by_name(key[len("value."):], allow_pickle=allow_pickle).load(entry, key, marker)
+    return by_name(key[len("value."):], allow_pickle=allow_pickle).load(entry, key, manifest)
