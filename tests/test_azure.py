@@ -24,7 +24,13 @@ from durable.adapters import adapter_for_fs
 from durable.adapters.azure import BLOCK, SINGLE_PUT, AzureAdapter
 from durable.adapters.base import Adapter
 from durable.testing.conformance import AdapterTests
-from durable.testing.faults import FaultProxy, Match, corrupt_part_bytes, truncate_body
+from durable.testing.faults import (
+    FaultProxy,
+    Match,
+    corrupt_part_bytes,
+    drop_connection,
+    truncate_body,
+)
 from durable.testing.faults import short_object as short_object_fault
 from durable.testing.pytest_plugin import Bucket
 from durable.testing.servers import AzuriteServer
@@ -210,6 +216,61 @@ def test_create_only_refused_on_existing_blob(azure_container: Bucket, raw: Raw,
     with pytest.raises(FileExistsError, match="create-only"):
         adapter(azure_container).put(f"{azure_container.name}/a.bin", data, create_only=True)
     assert raw.get("a.bin") == b"first"
+
+
+# ------------------------------------------------ a create-only write whose answer was lost
+# The store applies the request and the connection dies before its answer: the SDK sends it
+# again, and the store refuses the retry (409). A writer whose blob stands must not be told
+# that another writer was first.
+_PUT_BLOB = Match(methods="PUT", query="!comp")
+_PUT_BLOCK_LIST = Match(methods="PUT", query=lambda q: q.get("comp") == ["blocklist"])
+
+
+@pytest.mark.parametrize(("data", "final"), [(SMALL, _PUT_BLOB), (MEDIUM, _PUT_BLOCK_LIST)],
+                         ids=["put-blob", "block-list"])
+def test_a_create_only_write_whose_answer_was_lost_is_not_refused_by_itself(
+        proxied: tuple[Bucket, FaultProxy], raw: Raw, data: bytes, final: Match) -> None:
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    proxy.add(drop_connection(forward=True, match=final, times=1))
+    info = a.put(f"{bucket.name}/a.bin", data, create_only=True)
+    finals = [r.status for r in proxy.requests if r.method == "PUT" and
+              r.query.get("comp") in (None, ["blocklist"])]
+    assert finals == [None, 409]  # the answer lost, then the retry refused
+    assert raw.get("a.bin") == data
+    stat = a.info(f"{bucket.name}/a.bin")
+    assert stat is not None and info.version == stat.version
+
+    # Another writer's blob, even byte for byte the same, is still a refusal.
+    with pytest.raises(FileExistsError, match="create-only write refused"):
+        a.put(f"{bucket.name}/a.bin", data, create_only=True)
+
+
+def test_a_writer_whose_marker_landed_but_whose_answer_was_lost_has_committed(
+        proxied: tuple[Bucket, FaultProxy], raw: Raw) -> None:
+    bucket, proxy = proxied
+    entry = Entry(bucket.path("e"), storage_options=bucket.storage_options)
+    with entry.writing() as w:
+        w.write_bytes("a.bin", SMALL)
+        # From here the only Put Blob is the marker's, at commit.
+        proxy.add(drop_connection(forward=True, match=_PUT_BLOB, times=1))
+    puts = [r.status for r in proxy.requests if r.method == "PUT" and "comp" not in r.query]
+    assert puts[-2:] == [None, 409]
+    assert entry.state() is durable.State.COMPLETE
+    assert entry.verify(deep=True).ok
+    assert raw.keys() == [".durable/e/commit.json", "e/a.bin"]
+
+
+# ----------------------------------------------------------------- modification times
+def test_stat_and_listing_carry_the_stores_modification_time(azure_container: Bucket,
+                                                             raw: Raw) -> None:
+    raw.put("d/a.bin", SMALL)
+    props = raw.client.get_blob_client("d/a.bin").get_blob_properties()
+    when = props.last_modified.timestamp()
+    a = adapter(azure_container)
+    info = a.info(f"{azure_container.name}/d/a.bin")
+    assert info is not None and info.modified == when
+    assert a.list(f"{azure_container.name}/d")["a.bin"].modified == when
 
 
 # ------------------------------------------------------------------------- entries, verify

@@ -10,6 +10,7 @@ read and written *around* durable, with plain HTTP against the emulator's JSON A
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 import json
 import os
@@ -36,6 +37,7 @@ from durable.testing.faults import (
     RequestInfo,
     corrupt_part_bytes,
     delay,
+    drop_connection,
     truncate_body,
 )
 from durable.testing.faults import short_object as short_object_fault
@@ -80,6 +82,12 @@ class Raw:
                              {"Content-Type": "application/octet-stream"})
         assert status == 200, body
 
+    def resource(self, key: str) -> dict[str, object]:
+        status, body = _http(f"{self.base}/storage/v1/b/{self.bucket}/o/{quote(key, safe='')}")
+        assert status == 200, body
+        doc: dict[str, object] = json.loads(body)
+        return doc
+
     def keys(self, prefix: str = "") -> list[str]:
         status, body = _http(f"{self.base}/storage/v1/b/{self.bucket}/o"
                              f"?prefix={quote(prefix, safe='')}")
@@ -121,6 +129,14 @@ def proxied(gcs_bucket: Bucket) -> Iterator[tuple[Bucket, FaultProxy]]:
     with FaultProxy(gcs_bucket.server.url) as proxy:
         options = {**gcs_bucket.storage_options, "endpoint_url": proxy.url}
         yield Bucket(gcs_bucket.name, "gs", options, gcs_bucket.server), proxy
+
+
+@pytest.fixture
+def fake_proxied(fake_gcs_bucket: Bucket) -> Iterator[tuple[Bucket, FaultProxy]]:
+    """fake-gcs-server (it enforces ifGenerationMatch=0) behind a fault proxy."""
+    with FaultProxy(fake_gcs_bucket.server.url) as proxy:
+        options = {**fake_gcs_bucket.storage_options, "endpoint_url": proxy.url}
+        yield Bucket(fake_gcs_bucket.name, "gs", options, fake_gcs_bucket.server), proxy
 
 
 def adapter(bucket: Bucket) -> GCSAdapter:
@@ -266,6 +282,68 @@ def test_create_only_sends_if_generation_match_0(proxied: tuple[Bucket, FaultPro
     adapter(bucket).put(f"{bucket.name}/a.bin", data, create_only=True)
     kind = "multipart" if data is SMALL else "resumable"
     assert len(rec.requests("POST", uploadType=kind, ifGenerationMatch="0")) == 1
+
+
+# ------------------------------------------------ a create-only write whose answer was lost
+# The store applies the request and the connection dies before its answer: gcsfs sends it
+# again (after a second or two of backoff), and the store refuses the retry. A writer whose
+# object stands must not be told that it failed, nor that another writer was first.
+_UPLOAD = Match(methods="POST", query="uploadType")
+
+
+def test_a_create_only_upload_whose_answer_was_lost_is_not_refused_by_itself(
+        fake_proxied: tuple[Bucket, FaultProxy]) -> None:
+    bucket, proxy = fake_proxied
+    a = adapter(bucket)
+    proxy.add(drop_connection(forward=True, match=_UPLOAD, times=1))
+    info = a.put(f"{bucket.name}/a.bin", SMALL, create_only=True)
+    assert [r.status for r in proxy.requests if r.method == "POST"] == [None, 412]
+    assert Raw(bucket).get("a.bin") == SMALL
+    assert info.version == Raw(bucket).resource("a.bin")["generation"]
+
+    # Another writer's object, even byte for byte the same, is still a refusal.
+    with pytest.raises(FileExistsError, match="create-only write refused"):
+        a.put(f"{bucket.name}/a.bin", SMALL, create_only=True)
+
+
+@pytest.mark.parametrize("create_only", [False, True], ids=["replace", "create-only"])
+def test_a_session_whose_finalizing_answer_was_lost_is_not_a_failure(
+        proxied: tuple[Bucket, FaultProxy], create_only: bool) -> None:
+    """The retried finalizing request finds no session (404): the first one finalized it."""
+    bucket, proxy = proxied
+    final = Match(methods="PUT", where=lambda r: not r.headers.get("Content-Range",
+                                                                   "").endswith("/*"))
+    proxy.add(drop_connection(forward=True, match=final, times=1))
+    adapter(bucket).put(f"{bucket.name}/a.bin", LARGE, create_only=create_only)
+    assert [r.status for r in proxy.requests if r.method == "PUT"] == [308, 308, None, 404]
+    assert Raw(bucket).get("a.bin") == LARGE
+
+
+def test_a_writer_whose_marker_landed_but_whose_answer_was_lost_has_committed(
+        fake_proxied: tuple[Bucket, FaultProxy]) -> None:
+    bucket, proxy = fake_proxied
+    entry = Entry(bucket.path("e"), storage_options=bucket.storage_options)
+    with entry.writing() as w:
+        w.write_bytes("a.bin", SMALL)
+        # From here the only upload is the marker's, at commit.
+        proxy.add(drop_connection(forward=True, match=_UPLOAD, times=1))
+    uploads = [r.status for r in proxy.requests if r.method == "POST" and "uploadType" in r.query]
+    assert uploads[-2:] == [None, 412]
+    assert entry.state() is durable.State.COMPLETE
+    assert entry.verify(deep=True).ok
+    assert Raw(bucket).keys() == [".durable/e/commit.json", "e/a.bin"]
+
+
+# ----------------------------------------------------------------- modification times
+def test_stat_and_listing_carry_the_stores_modification_time(gcs: Bucket) -> None:
+    Raw(gcs).put("d/a.bin", SMALL)
+    stamp = Raw(gcs).resource("d/a.bin")["updated"]
+    assert isinstance(stamp, str)
+    when = dt.datetime.fromisoformat(stamp).timestamp()
+    a = adapter(gcs)
+    info = a.info(f"{gcs.name}/d/a.bin")
+    assert info is not None and info.modified == when
+    assert a.list(f"{gcs.name}/d")["a.bin"].modified == when
 
 
 # ------------------------------------------------------------------------- entries, verify

@@ -34,8 +34,10 @@ from durable._errors import (
 from durable._protocol import RECORDS_DIR, Marker, ObjectRecord
 from durable._scan import (
     LEASE_NAME,
+    AgeClock,
     EntryFound,
     LeaseSeen,
+    Records,
     Survey,
     entry_age,
     read_records,
@@ -402,11 +404,16 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     Candidates: unmarked entries with durable records (a writer started: attempt records,
     a lease, other records) older than ``older_than`` seconds with no live lease (their
     data and records, or only the records when the data is gone); temp files of atomic
-    writes older than that; uploads left open longer than that (S3 multipart uploads, only
-    those started the way durable starts them unless ``all_uploads``). Never a candidate: an
+    writes older than that; uploads left open longer than that (S3 multipart uploads, Azure
+    blobs of uncommitted blocks; only those started the way durable starts them unless
+    ``all_uploads``). Never a candidate: an
     entry with a marker or anything inside one, data with no durable records (data written
     before durable: `mark_complete_root` adopts it), anything of an entry whose lease is
     live or cannot be judged.
+
+    Ages are read from the store's clock where the adapter can read it (`Adapter.now`):
+    an entry's from its attempt records' modification times. Elsewhere they are ``now()``
+    against the writer's ``started_at`` and the store's modification times.
     """
     leased = {k for k, f in sv.entries.items() if f.lease is not None}
     started = {k for k, f in sv.entries.items() if f.marker is None and f.records}
@@ -416,7 +423,30 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     if progress is not None and leases:
         progress(f"watching {len(leases)} leases", 0, None)
     states, waited = _watch_leases(sv, leases, lease_wait, sleep)
-    at = now()
+    # The store's own clock where it has one: every age is then the difference of two times
+    # the store gave, and neither this machine's clock nor a writer's, however far off, can
+    # make a live writer's leftovers look old.
+    store_now = sv.adapter.now(sv.path)
+    at = now() if store_now is None else store_now
+
+    def age_since(when: float | None) -> float | None:
+        if when is None:
+            return None
+        # One clock read to the second (an HTTP Date): below zero is only that rounding.
+        return at - when if store_now is None else max(0.0, at - when)
+
+    def age_of(f: EntryFound, rec: Records) -> tuple[float | None, str | None,
+                                                    AgeClock | None]:
+        if store_now is None:
+            return entry_age(f, rec, at)
+        # The attempt records' own mtimes stand for the started_at they hold (stamped by
+        # the writer's clock); without any, the data's or records' mtimes (the store's).
+        stamps = [i.modified for i in f.attempts.values() if i.modified is not None]
+        if stamps:
+            return age_since(max(stamps)), "attempt record mtime", "store"
+        age, source, clock = entry_age(f, Records(), at)
+        return (None if age is None else max(0.0, age)), source, clock
+
     items: list[CleanItem] = []
     kept: list[Skipped] = []
     holders = _holders(sv)
@@ -440,7 +470,7 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
 
     for key in sorted(started):
         f, url = sv.entries[key], sv.url(key)
-        age, source, clock = entry_age(f, records[key], at)
+        age, source, clock = age_of(f, records[key])
         why = (blocked(sv.owners(key))
                or ("it holds other entries" if key in holders else None)
                or old(age, f"last {source} ({clock}'s clock)" if source else "written"))
@@ -466,7 +496,7 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         if started & set(owners):
             continue  # part of a writer's entry: removed, or kept, with it
         url = sv.adapter.url(info.path)
-        age = None if info.modified is None else at - info.modified
+        age = age_since(info.modified)
         why = blocked(owners) or old(age, "written (store's clock)")
         if why is not None:
             kept.append(Skipped(url, why))
@@ -479,11 +509,14 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     for up in sv.adapter.list_uploads(sv.path):
         rel = up.path[len(sv.path):].lstrip("/")
         url = f"{sv.adapter.url(up.path)} (upload {up.upload_id})"
-        age = None if up.initiated is None else at - up.initiated
+        age = age_since(up.initiated)
         ours = (up.checksum or "").upper() == DURABLE_UPLOAD_CHECKSUM
+        how = f"checksum {up.checksum}, not {DURABLE_UPLOAD_CHECKSUM}"
+        if up.ours is not None:  # the adapter can tell (Azure: by the staged blocks' IDs)
+            ours, how = up.ours, "its staged blocks are not named the way durable names them"
         why = (None if ours or all_uploads else
-               f"not started the way durable starts uploads (checksum {up.checksum}, not "
-               f"{DURABLE_UPLOAD_CHECKSUM}): pass --all-uploads to include it")
+               f"not started the way durable starts uploads ({how}): pass --all-uploads to "
+               "include it")
         # Aborting an upload never changes a committed object, so only a live lease keeps it.
         owners = [k for k in sv.owners(rel) if k in states and states[k][0] != "stale"]
         why = (why or (states[owners[-1]][1] if owners else None)
@@ -492,7 +525,7 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             kept.append(Skipped(url, why))
             continue
         assert age is not None
-        items.append(CleanItem("upload", url, f"multipart upload never completed, initiated "
+        items.append(CleanItem("upload", url, f"upload never completed, initiated "
                                               f"{fmt_age(age)} ago", age, key=rel, upload=up))
     return CleanReport(sv.adapter.url(sv.path), False, older_than, lease_wait, waited, items,
                        kept)

@@ -14,15 +14,30 @@ Md5Mismatch), so every byte is checked by the store on arrival. It does not chec
 whole-blob MD5 given with a block list, so none is computed; our CRC32C goes into the
 manifest as for every store. Create-only is ``If-None-Match: *``; reads send ``If-Match``
 with the ETag seen at open, so a replaced blob fails the read (412).
+
+A create-only write also names itself in the blob's metadata (``durable_write``): the SDK
+retries a request whose answer was lost, and when the first attempt had landed, the store
+refuses the retry (409). The blob is then read back, and if it carries this write's token
+the write succeeded.
+
+Uploads left open: a writer killed after staging blocks leaves a blob of uncommitted blocks
+only. It is invisible to reads and listings, but a listing that includes uncommitted blobs
+shows it, and `list_uploads` returns it (as durable's when every block ID is one durable
+names). Extra uncommitted blocks beside a committed blob (a killed overwrite) are not
+listed: finding them takes a request per blob; Azure discards them a week after the last
+block was staged, or when the blob is next written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import io
+import re
 import uuid
 from collections.abc import Iterable, Sequence
+from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 
 from azure.core import MatchConditions
@@ -43,6 +58,7 @@ from durable.adapters.base import (
     AtomicFile,
     Capabilities,
     ObjectInfo,
+    Upload,
     VersionMismatchError,
 )
 
@@ -54,7 +70,12 @@ BLOCK = 8 * 1024 * 1024
 #: bytes, which aiohttp warns about above 1 MiB; staged blocks go out as files.
 SINGLE_PUT = 1024 * 1024
 _MAX_BLOCKS = 50_000  # Azure's limit per blob: 50,000 x 8 MiB = 390 GiB
-_DELETE_CONCURRENCY = 16
+_IN_FLIGHT = 16  # requests at once, deleting or looking at uploads
+#: Metadata naming the create-only write that put a blob there (a C# identifier, as Azure
+#: wants metadata names).
+_TOKEN = "durable_write"
+#: A block ID as `_AzureAtomicFile` names them: the writer's random prefix, the block number.
+_BLOCK_ID = re.compile(r"[0-9a-f]{16}-\d{6}")
 
 
 def _error_code(exc: HttpResponseError) -> str | None:
@@ -87,6 +108,10 @@ def _etag(value: object) -> str:
     return '"' + str(value).strip('"') + '"'
 
 
+def _timestamp(value: object) -> float | None:
+    return value.timestamp() if isinstance(value, datetime.datetime) else None
+
+
 def _is_folder(metadata: dict[str, str] | None) -> bool:
     # adlfs and ADLS Gen2 mark "directories" with an empty blob: not an object.
     return (metadata or {}).get("hdi_isfolder") == "true"
@@ -97,6 +122,10 @@ class _AzureAtomicFile(AtomicFile):
         super().__init__(path)
         self._adapter = adapter
         self._create_only = create_only
+        # Names this write in the blob's metadata: a create-only request refused by a blob
+        # carrying it was refused by this very write, landed by an earlier attempt whose
+        # answer was lost (see `_landed`).
+        self._token = {_TOKEN: uuid.uuid4().hex} if create_only else None
         self._buf = bytearray()
         self._blocks: list[str] = []
         # Block IDs are per blob, not per writer: a random prefix keeps two writers of one
@@ -124,31 +153,53 @@ class _AzureAtomicFile(AtomicFile):
     def _commit(self) -> ObjectInfo:
         size = self.checksum.size
         cond: dict[str, Any] = {}
-        if self._create_only:
-            cond["match_condition"] = MatchConditions.IfMissing  # If-None-Match: *
-        if not self._blocks and len(self._buf) <= SINGLE_PUT:
-            reply = self._adapter._call(self.path, "upload_blob", bytes(self._buf),
-                                        length=len(self._buf), blob_type="BlockBlob",
-                                        overwrite=True, validate_content="md5", **cond)
-        else:
-            if self._buf:
-                self._stage(len(self._buf))
-            try:
-                reply = self._adapter._call(
-                    self.path, "commit_block_list",
-                    [BlobBlock(block_id=b) for b in self._blocks], **cond)
-            except HttpResponseError as exc:
-                if _error_code(exc) != "InvalidBlockList":
-                    raise
-                if self._create_only and self._adapter.info(self.path) is not None:
-                    raise self._adapter._exists_error(self.path) from None
-                raise OSError(
-                    f"{self._adapter.url(self.path)}: the staged blocks were discarded "
-                    "before commit (another writer wrote this blob meanwhile); nothing "
-                    "was published") from exc
+        if self._token is not None:
+            # If-None-Match: *
+            cond = {"match_condition": MatchConditions.IfMissing, "metadata": self._token}
+        try:
+            if not self._blocks and len(self._buf) <= SINGLE_PUT:
+                reply = self._adapter._call(self.path, "upload_blob", bytes(self._buf),
+                                            length=len(self._buf), blob_type="BlockBlob",
+                                            overwrite=True, validate_content="md5", **cond)
+            else:
+                if self._buf:
+                    self._stage(len(self._buf))
+                reply = self._commit_blocks(cond)
+        except FileExistsError as exc:
+            reply = self._landed(exc)
         self._buf = bytearray()
         self._adapter.fs.invalidate_cache(self.path)
-        return ObjectInfo(self.path, size, _etag(reply["etag"]))
+        return ObjectInfo(self.path, size, _etag(reply["etag"]),
+                          _timestamp(reply.get("last_modified")))
+
+    def _commit_blocks(self, cond: dict[str, Any]) -> Any:
+        try:
+            return self._adapter._call(self.path, "commit_block_list",
+                                       [BlobBlock(block_id=b) for b in self._blocks], **cond)
+        except HttpResponseError as exc:
+            if _error_code(exc) != "InvalidBlockList":
+                raise
+            if self._create_only and self._adapter.info(self.path) is not None:
+                raise self._adapter._exists_error(self.path) from None
+            raise OSError(
+                f"{self._adapter.url(self.path)}: the staged blocks were discarded before "
+                "commit (another writer wrote this blob meanwhile); nothing was published"
+            ) from exc
+
+    def _landed(self, refused: FileExistsError) -> dict[str, Any]:
+        """The blob's ETag if this write put it there, else ``refused`` is raised.
+
+        A request whose answer was lost (a dropped connection) is sent again by the SDK; if
+        the first attempt landed, the store refuses the retry (409: the blob exists), and a
+        writer that committed would be told it lost.
+        """
+        try:
+            props = self._adapter._call(self.path, "get_blob_properties")
+        except ResourceNotFoundError:
+            raise refused from None
+        if self._token is None or (props.metadata or {}).get(_TOKEN) != self._token[_TOKEN]:
+            raise refused
+        return {"etag": props.etag, "last_modified": props.last_modified}
 
     def _abort(self) -> None:
         # Staged blocks are invisible until a block list names them: nothing to undo.
@@ -165,7 +216,8 @@ class AzureAdapter(Adapter):
               "(no whole-blob check of a block list); create-only by If-None-Match: *; "
               "reads pinned by If-Match on the ETag. Another writer's Put Blob to the same "
               "name discards our staged blocks: our commit then fails, publishing nothing; "
-              "conditional writes (leases) by If-Match on Put Blob and Delete Blob"),
+              "conditional writes (leases) by If-Match on Put Blob and Delete Blob; blobs "
+              "of uncommitted blocks only are listed for `durable clean`"),
         conditional_writes=True,
     )
 
@@ -217,7 +269,8 @@ class AzureAdapter(Adapter):
             return None
         if _is_folder(props.metadata):
             return None
-        return ObjectInfo(path, int(props.size), _etag(props.etag))
+        return ObjectInfo(path, int(props.size), _etag(props.etag),
+                          _timestamp(props.last_modified))
 
     def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
         container, key = self._split(prefix.rstrip("/") + "/")
@@ -229,8 +282,9 @@ class AzureAdapter(Adapter):
                                                     include=["metadata"]):
                     if _is_folder(blob.metadata) or blob.name.endswith("/"):
                         continue
-                    out[blob.name[len(key):]] = ObjectInfo(f"{container}/{blob.name}",
-                                                           int(blob.size), _etag(blob.etag))
+                    out[blob.name[len(key):]] = ObjectInfo(
+                        f"{container}/{blob.name}", int(blob.size), _etag(blob.etag),
+                        _timestamp(blob.last_modified))
                     if limit is not None and len(out) >= limit:
                         break
             return out
@@ -283,6 +337,90 @@ class AzureAdapter(Adapter):
 
         return open_pinned(url, info.size, fetch)
 
+    # the store's clock; uploads left open -------------------------------------------------
+    def now(self, path: str) -> float | None:
+        """The Date of the store's answer to a one-blob listing next to ``path``."""
+        container, key = self._split(path)
+        seen: list[str] = []
+
+        def note(response: Any) -> None:
+            seen.append(str(response.http_response.headers.get("Date", "")))
+
+        async def run() -> None:
+            async with self.fs.service_client.get_container_client(container) as client:
+                pages = client.list_blobs(name_starts_with=key, results_per_page=1,
+                                          raw_response_hook=note).by_page()
+                async for _ in pages:
+                    break
+
+        sync(self.fs.loop, run)
+        try:
+            return parsedate_to_datetime(seen[0]).timestamp() if seen else None
+        except (TypeError, ValueError):
+            return None  # no Date, or a malformed one: ages fall back to this machine's clock
+
+    def list_uploads(self, prefix: str) -> Sequence[Upload]:
+        """Blobs below ``prefix`` that have staged blocks and were never committed.
+
+        One listing that includes uncommitted blobs; each empty blob in it is looked at
+        (a stat, and its uncommitted block list): an uncommitted blob lists as empty.
+        """
+        container, key = self._split(prefix.rstrip("/") + "/")
+
+        async def one(client: Any, name: str, listed: float | None) -> Upload | None:
+            blob = client.get_blob_client(name)
+            try:
+                await blob.get_blob_properties()
+                return None  # a committed (empty) blob: not an upload
+            except ResourceNotFoundError:
+                pass
+            try:
+                _, uncommitted = await blob.get_block_list("uncommitted")
+            except ResourceNotFoundError:
+                return None  # gone since the listing
+            ids = [str(b.id) for b in uncommitted]
+            if not ids:
+                return None
+            ours = all(_BLOCK_ID.fullmatch(i) for i in ids)
+            writers = sorted({i.partition("-")[0] for i in ids}) if ours else []
+            label = ",".join(writers) if ours else f"{len(ids)} uncommitted blocks"
+            return Upload(f"{container}/{name}", label, listed, ours=ours)
+
+        async def run() -> list[Upload]:
+            limit = asyncio.Semaphore(_IN_FLIGHT)
+            async with self.fs.service_client.get_container_client(container) as client:
+                empty = [(b.name, _timestamp(b.last_modified)) async for b in client.list_blobs(
+                    name_starts_with=key, include=["uncommittedblobs", "metadata"])
+                    if int(b.size) == 0 and not _is_folder(b.metadata)]
+
+                async def gated(name: str, listed: float | None) -> Upload | None:
+                    async with limit:
+                        return await one(client, name, listed)
+
+                found = await asyncio.gather(*(gated(n, t) for n, t in empty))
+            return [u for u in found if u is not None]
+
+        try:
+            uploads: list[Upload] = sync(self.fs.loop, run)
+        except ResourceNotFoundError as exc:
+            raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
+        return uploads
+
+    def abort_upload(self, upload: Upload) -> None:
+        """Delete the uncommitted blob, and its blocks with it; a blob committed since it was
+        listed (its writer was alive after all) is left as it is."""
+        if upload.initiated is None:
+            raise ValueError(f"{self.url(upload.path)}: an upload without its listed time "
+                             "cannot be aborted safely")
+        listed = datetime.datetime.fromtimestamp(upload.initiated, datetime.UTC)
+        # If-Unmodified-Since the listed time: a commit since then moved Last-Modified on
+        # (412), and a committed blob is never deleted here. Gone (404) is fine too. (Times
+        # are whole seconds: only a commit within the listed second would pass, and clean
+        # lists nothing that young unless told --older-than below a second.)
+        with contextlib.suppress(ResourceNotFoundError, ResourceModifiedError):
+            self._call(upload.path, "delete_blob", if_unmodified_since=listed)
+        self.fs.invalidate_cache(upload.path)
+
     # conditional writes (leases): If-Match, enforced by Azure and azurite (412) ------------
     def supports_conditional(self, path: str) -> bool:
         return True
@@ -323,7 +461,7 @@ class AzureAdapter(Adapter):
                 self.fs.invalidate_cache(f"{container}/{key}")
 
     async def _delete_all(self, keys: Sequence[tuple[str, str]]) -> None:
-        limit = asyncio.Semaphore(_DELETE_CONCURRENCY)
+        limit = asyncio.Semaphore(_IN_FLIGHT)
 
         async def one(container: str, key: str) -> None:
             async with limit, self.fs.service_client.get_blob_client(container, key) as c:

@@ -52,6 +52,9 @@ class Upload:
     """POSIX seconds by the store's clock; None if the store does not say."""
     checksum: str | None = None
     """The checksum algorithm the upload was started with, as the store lists it."""
+    ours: bool | None = None
+    """Whether a durable writer started it, where the adapter can tell (Azure: by its block
+    IDs); None: `durable clean` judges by ``checksum`` (S3)."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,11 @@ class Adapter(ABC):
         ``"size"``: one stat. ``"probe"``: also read the last byte, and on stores with parts
         the last byte of every part (a whole lost part with a full-size HEAD, incident 002).
         ``"full"``: read everything back and compare the CRC32C.
+
+        An adapter may meet ``"size"`` and ``"probe"`` with what the write's own answer
+        proved: on S3, a single PutObject answered with the CRC32C it was sent (the store
+        checked it over exactly the bytes it took) needs no request; an answer with another
+        CRC32C is an IntegrityError (`S3Adapter.verify_written`).
         """
         if level == "none":
             return
@@ -302,6 +310,13 @@ class Adapter(ABC):
             raise IntegrityError(f"{url}: stat says {info.size} bytes but byte "
                                  f"{info.size - 1} cannot be read", url=url,
                                  expected=info.size, found=f"{len(got)} bytes at the end")
+
+    def now(self, path: str) -> float | None:
+        """The store's own time (POSIX seconds) as it answers a request about ``path``;
+        None where the store's clock is this machine's (a local disk) or cannot be read.
+        Ages of what the store lists are measured against it, so a client whose clock is
+        off cannot make a live writer's leftovers look old."""
+        return None
 
     # uploads left open -------------------------------------------------------------------
     def list_uploads(self, prefix: str) -> Sequence[Upload]:

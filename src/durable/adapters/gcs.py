@@ -14,17 +14,27 @@ The CRC32C the store answers with is compared with ours as well: where a store s
 check (emulators do), an object that differs from what was sent is removed at once.
 Create-only is ``ifGenerationMatch=0``; every ranged GET names the generation seen at open
 (``generation=`` and ``ifGenerationMatch=``), so a replaced object fails the read.
+
+Every write names itself in the object's metadata (``durable-write``): gcsfs retries a
+request whose answer was lost, and when the first attempt had landed, the store refuses the
+retry (a create-only upload: 412; the finalizing request of a session already finalized:
+404). The object is then read back, and if it carries this write's token the write
+succeeded. Uploads left open: resumable sessions cannot be listed (the JSON API has no such
+call; GCS drops a session a week after it started), so `durable clean` cannot see them; an
+unfinalized session never becomes an object.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import io
 import json
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
+from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO, ClassVar
 from urllib.parse import quote
 
@@ -40,6 +50,7 @@ from durable.adapters.base import (
     AtomicFile,
     Capabilities,
     ObjectInfo,
+    Upload,
     VersionMismatchError,
 )
 
@@ -49,6 +60,8 @@ __all__ = ["CHUNK", "GCSAdapter"]
 CHUNK = 8 * 1024 * 1024
 _DELETE_CONCURRENCY = 16
 _CANCEL_TIMEOUT = 10.0
+#: Custom metadata naming the write that put an object there (see `GCSAdapter._ours`).
+_TOKEN = "durable-write"
 
 
 def _q(text: str) -> str:
@@ -59,6 +72,16 @@ def _body(data: bytes | bytearray) -> io.BytesIO:
     # A file, not bytes: aiohttp warns about (and blocks its loop on) large bytes bodies,
     # and gcsfs rewinds a file before each retry.
     return io.BytesIO(bytes(data))
+
+
+def _modified(resource: dict[str, Any]) -> float | None:
+    # `updated` moves with metadata changes too, so an object is never taken for older than
+    # it is; emulators (and old objects) may carry only timeCreated.
+    stamp = resource.get("updated") or resource.get("timeCreated")
+    try:
+        return datetime.datetime.fromisoformat(str(stamp)).timestamp() if stamp else None
+    except ValueError:
+        return None
 
 
 def _refused_checksum(exc: Exception) -> bool:
@@ -73,6 +96,8 @@ class _GCSAtomicFile(AtomicFile):
         self._adapter = adapter
         self._bucket, self._key = adapter._split(path)
         self._create_only = create_only
+        # Names this write in the object's metadata (see `GCSAdapter._ours`).
+        self._token = uuid.uuid4().hex
         self._buf = bytearray()
         self._session: str | None = None  # resumable session URI, once one is started
         self._persisted = 0  # bytes the session has stored (the offset of _buf[0])
@@ -82,8 +107,8 @@ class _GCSAtomicFile(AtomicFile):
         # Strictly more than a chunk: the last bytes always wait for the finalizing request.
         while len(self._buf) > CHUNK:
             if self._session is None:
-                self._session = self._adapter._start_session(self._bucket, self._key,
-                                                             self._create_only)
+                self._session = self._adapter._start_session(
+                    self._bucket, self._key, create_only=self._create_only, token=self._token)
             self._send(CHUNK, total=None)
 
     def _send(self, n: int, total: int | None) -> dict[str, Any] | None:
@@ -100,8 +125,17 @@ class _GCSAtomicFile(AtomicFile):
             status, reply, _, body = sync(fs.loop, fs._request, "PUT", self._session,
                                           headers=headers, data=_body(self._buf[:n]))
         except FileExistsError:
-            # 412 on the finalizing request: the precondition of the session failed.
+            # 412 on the finalizing request: the precondition of the session failed, or a
+            # retry found the object its own first attempt finalized.
+            if total is not None and (found := self._adapter._ours(self.path, self._token)):
+                return found
             raise self._adapter._exists_error(self.path) from None
+        except FileNotFoundError:
+            # 404 on the finalizing request: the session is gone, finalized by a first
+            # attempt whose answer was lost (the retry finds no session), or expired.
+            if total is not None and (found := self._adapter._ours(self.path, self._token)):
+                return found
+            raise
         except (ValueError, OSError, HttpError) as exc:
             if total is not None and _refused_checksum(exc):
                 raise self._adapter._refused(self.path, self.checksum.crc, exc) from exc
@@ -128,7 +162,8 @@ class _GCSAtomicFile(AtomicFile):
         resource = None
         if self._session is None:
             resource = self._adapter._upload_single(self.path, bytes(self._buf), ck.crc,
-                                                    self._create_only)
+                                                    create_only=self._create_only,
+                                                    token=self._token)
         while resource is None:
             if not self._buf:
                 raise OSError(f"{self._adapter.url(self.path)}: upload session holds every "
@@ -189,12 +224,30 @@ class GCSAdapter(Adapter):
         return FileExistsError(f"{self.url(path)} exists: create-only write refused by "
                                "the store (ifGenerationMatch=0)")
 
-    def _start_session(self, bucket: str, key: str, create_only: bool) -> str:
+    def _ours(self, path: str, token: str | None) -> dict[str, Any] | None:
+        """The object resource if the write named ``token`` put the object there, else None.
+
+        A request whose answer was lost is sent again by gcsfs; when the first attempt had
+        landed, the store refuses the retry (a create-only upload: 412; a finalized
+        session: 404), and a writer whose object is published would be told it failed.
+        """
+        if token is None:
+            return None
+        bucket, key = self._split(path)
+        try:
+            resource: dict[str, Any] = self.fs.call("GET", "b/{}/o/{}", bucket, key,
+                                                    json_out=True)
+        except FileNotFoundError:
+            return None
+        return resource if (resource.get("metadata") or {}).get(_TOKEN) == token else None
+
+    def _start_session(self, bucket: str, key: str, *, create_only: bool, token: str) -> str:
         params = {"ifGenerationMatch": "0"} if create_only else {}
+        resource = {"name": key, "metadata": {_TOKEN: token}}
         try:
             reply, _ = self.fs.call(
                 "POST", self._upload_url, bucket, uploadType="resumable", name=key,
-                json={"name": key}, headers={"X-Upload-Content-Type": "application/octet-stream"},
+                json=resource, headers={"X-Upload-Content-Type": "application/octet-stream"},
                 **params)
         except FileExistsError:
             raise self._exists_error(f"{bucket}/{key}") from None
@@ -210,12 +263,18 @@ class GCSAdapter(Adapter):
         async with self.fs.session.delete(session, headers=self.fs._get_headers(None)) as r:
             await r.read()
 
-    def _upload_single(self, path: str, data: bytes, crc: int,
-                       create_only: bool, generation: str | None = None) -> dict[str, Any]:
+    def _upload_single(self, path: str, data: bytes, crc: int, *, create_only: bool = False,
+                       token: str | None = None,
+                       generation: str | None = None) -> dict[str, Any]:
+        """One multipart upload: create-only, on ``generation``, or not; ``token`` names the
+        write in the object's metadata."""
         bucket, key = self._split(path)
         # A random boundary: a fixed one can occur in the data and cut it short.
         boundary = uuid.uuid4().hex
-        meta = json.dumps({"name": key, "crc32c": crc_to_b64(crc)})
+        resource: dict[str, Any] = {"name": key, "crc32c": crc_to_b64(crc)}
+        if token is not None:
+            resource["metadata"] = {_TOKEN: token}
+        meta = json.dumps(resource)
         body = b"".join([
             f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n"
             f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
@@ -224,17 +283,22 @@ class GCSAdapter(Adapter):
         if generation is not None:
             params = {"ifGenerationMatch": generation}
         try:
-            resource: dict[str, Any] = self.fs.call(
+            reply: dict[str, Any] = self.fs.call(
                 "POST", self._upload_url, bucket, uploadType="multipart", json_out=True,
                 headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
                 data=_body(body), **params)
         except FileExistsError:
-            raise self._exists_error(path) from None
+            if generation is not None:
+                raise  # replace_if: another generation (a lost answer counts as lost)
+            found = self._ours(path, token) if create_only else None
+            if found is None:
+                raise self._exists_error(path) from None
+            return found
         except (ValueError, OSError, HttpError) as exc:
             if not _refused_checksum(exc):
                 raise
             raise self._refused(path, crc, exc) from exc
-        return resource
+        return reply
 
     def _accept(self, path: str, resource: dict[str, Any], size: int, crc: int) -> ObjectInfo:
         """The written object's info, or IntegrityError (and the object removed) if the
@@ -245,7 +309,7 @@ class GCSAdapter(Adapter):
         generation = str(resource["generation"])
         found = crc_from_b64(got_crc) if isinstance(got_crc, str) else None
         if got_size == size and found in (crc, None):
-            return ObjectInfo(path, size, generation)
+            return ObjectInfo(path, size, generation, _modified(resource))
         bucket, key = self._split(path)
         outcome = "removed it"
         try:
@@ -274,7 +338,7 @@ class GCSAdapter(Adapter):
             res = self.fs.call("GET", "b/{}/o/{}", bucket, key, json_out=True)
         except FileNotFoundError:
             return None
-        return ObjectInfo(path, int(res["size"]), str(res["generation"]))
+        return ObjectInfo(path, int(res["size"]), str(res["generation"]), _modified(res))
 
     def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
         bucket, key = self._split(prefix.rstrip("/") + "/")
@@ -288,7 +352,7 @@ class GCSAdapter(Adapter):
                 if name.endswith("/"):
                     continue  # a "directory" placeholder, not an object
                 out[name[len(key):]] = ObjectInfo(f"{bucket}/{name}", int(item["size"]),
-                                                  str(item["generation"]))
+                                                  str(item["generation"]), _modified(item))
             token = page.get("nextPageToken")
             if not token or (limit is not None and len(out) >= limit):
                 return out
@@ -334,6 +398,23 @@ class GCSAdapter(Adapter):
 
         return open_pinned(url, info.size, fetch)
 
+    # the store's clock; uploads left open --------------------------------------------------
+    def now(self, path: str) -> float | None:
+        """The Date of the store's answer to a one-object listing next to ``path``."""
+        bucket, key = self._split(path)
+        headers, _ = self.fs.call("GET", "b/{}/o", bucket, prefix=key, maxResults=1)
+        try:
+            return parsedate_to_datetime(headers.get("Date")).timestamp()
+        except (TypeError, ValueError):
+            return None  # no Date, or a malformed one: ages fall back to this machine's clock
+
+    def list_uploads(self, prefix: str) -> Sequence[Upload]:
+        """[]: a resumable session left open by a killed writer cannot be listed (the JSON
+        API has no call for it); it holds no object, and GCS drops it a week after it
+        started. (Multipart uploads of the XML API are listable, but durable never starts
+        one.)"""
+        return []
+
     # conditional writes (leases): ifGenerationMatch ------------------------------------------
     def supports_conditional(self, path: str) -> bool:
         """Probed once per endpoint, next to ``path``: emulators differ (gcp-storage-emulator
@@ -357,10 +438,10 @@ class GCSAdapter(Adapter):
         probe = f"{parent}/.durable-probe-{uuid.uuid4().hex}"
         bucket, key = self._split(probe)
         try:
-            first = self._upload_single(probe, b"probe", crc32c(b"probe"), False)
+            first = self._upload_single(probe, b"probe", crc32c(b"probe"))
             wrong = str(int(first["generation"]) + 1)
             try:
-                self._upload_single(probe, b"x", crc32c(b"x"), False, generation=wrong)
+                self._upload_single(probe, b"x", crc32c(b"x"), generation=wrong)
                 return False, False
             except FileExistsError:
                 pass
@@ -388,7 +469,7 @@ class GCSAdapter(Adapter):
         self._require_conditional(path)
         crc = crc32c(data)
         try:
-            resource = self._upload_single(path, data, crc, False, generation=version)
+            resource = self._upload_single(path, data, crc, generation=version)
         except (FileExistsError, FileNotFoundError):
             raise self._mismatch(path, version) from None
         return self._accept(path, resource, len(data), crc)
