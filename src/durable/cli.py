@@ -687,8 +687,8 @@ def _sleeper(tick: Ticker) -> Callable[[float], None]:
               help="Longest wait to tell live leases from stale ones; a lease whose "
                    "stale_after is longer is taken for alive.")
 @click.option("--all-uploads", is_flag=True,
-              help="Abort old multipart uploads under ROOT even when not started the way "
-                   "durable starts them (CRC32C).")
+              help="Abort old unfinished uploads under ROOT even when not started the way "
+                   "durable starts them (S3: CRC32C checksum; Azure: durable's block IDs).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @_WORKERS
 @_common
@@ -702,7 +702,8 @@ def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
       records) and never committed, with no live lease: data and records;
     - records whose entry's data is gone, with no marker;
     - temp files of atomic writes (.NAME.durable-tmp-*);
-    - S3 multipart uploads never completed.
+    - uploads never completed: S3 multipart uploads, Azure blobs of uncommitted blocks
+      only (GCS resumable sessions cannot be listed; GCS drops them after a week).
 
     It never touches an entry with a commit marker, nor anything inside one, nor data with
     no durable records (data written before durable: see mark-complete). Each entry is
