@@ -59,3 +59,28 @@ def test_a_forked_child_does_not_inherit_a_dead_pool(tmp_path: Path) -> None:
     assert os.read(r, 2) == b"ok"
     os.waitpid(pid, 0)
     assert (tmp_path / "child.bin").read_bytes() == big
+
+
+def test_a_checkpoint_saved_from_an_atexit_handler_is_whole_and_recorded(
+        tmp_path: Path) -> None:
+    """At interpreter exit no new thread may start (ThreadPoolExecutor.submit raises
+    RuntimeError): large blocks then take the serial path, same bytes, same record."""
+    import subprocess
+    import textwrap
+
+    target = tmp_path / "final.ckpt"
+    script = textwrap.dedent(f"""
+        import atexit, os, durable
+        data = bytes(range(256)) * (12 * 1024 * 16 + 3)  # ~12 MiB: blocks over the overlap size
+
+        def save():
+            with durable.atomic_write({str(target)!r}) as f:
+                f.write(data[:5 << 20])
+                f.write(data[5 << 20:])
+
+        atexit.register(save)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    whole = bytes(range(256)) * (12 * 1024 * 16 + 3)
+    assert target.read_bytes() == whole
+    assert _recorded_crc(target) == f"{crc32c.crc32c(whole):08x}"

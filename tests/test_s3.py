@@ -19,8 +19,9 @@ import pytest
 
 from durable import Entry, IntegrityError, State, atomic_write, open_verified, read_verified
 from durable._checksum import Checksum, crc32c, crc_to_b64
+from durable._scan import scan
 from durable.adapters import adapter_for_fs
-from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
+from durable.adapters.s3 import MIN_PART_SIZE, PROBE_PREFIX, S3Adapter
 from durable.testing import faults
 from durable.testing.faults import FaultProxy, Match
 from durable.testing.pytest_plugin import Bucket
@@ -364,6 +365,26 @@ def test_truncated_body_is_an_error_on_every_read_path(
         Entry(url, storage_options=via_proxy).verify(deep=True)
 
 
+def test_the_adapters_own_reads_never_return_a_short_body(
+        s3_bucket: Bucket, adapter: S3Adapter, proxy: FaultProxy,
+        via_proxy: dict[str, Any]) -> None:
+    """Below every verified read: the raw reader (and the one-GET read of markers) takes a
+    body that keeps ending early for an error, not for the end of the object."""
+    data = os.urandom(300_000)
+    adapter.put(f"{s3_bucket.name}/obj.bin", data)
+    # Each GET is cut after 10,000 bytes at most: three can never reach the end.
+    proxy.add(faults.truncate_body(keep=10_000, path=_only("obj.bin")))
+    proxied = _adapter(via_proxy)
+    info = proxied.info(f"{s3_bucket.name}/obj.bin")
+    assert info is not None and info.size == len(data)
+    ended = r"obj\.bin: body ended at byte \d+ of 300000 \(3 times: "
+    with proxied.open_read(info.path, info) as f, pytest.raises(IntegrityError, match=ended):
+        f.read()
+    with pytest.raises(IntegrityError, match=ended):
+        proxied.read(info.path)
+    assert len(requests(proxy, "GET", "obj.bin")) == 6  # a first GET and 2 pinned retries, twice
+
+
 def test_a_cut_body_is_requested_again_pinned_to_its_etag(
         s3_bucket: Bucket, adapter: S3Adapter, proxy: FaultProxy,
         via_proxy: dict[str, Any]) -> None:
@@ -572,3 +593,165 @@ def test_a_store_ignoring_range_cannot_hand_out_the_wrong_bytes(
         f.seek(70_000)
         f.read(10)
 
+
+# --- verify after write: what the PutObject's answer already proves ----------------------
+
+def _object_requests(proxy: FaultProxy, key: str) -> list[str]:
+    return [r.method for r in proxy.requests if r.key == key]
+
+
+@pytest.mark.parametrize(("verify", "expected"), [("size", ["PUT"]), ("probe", ["PUT"]),
+                                                  ("full", ["PUT", "HEAD", "GET"])])
+def test_a_put_answered_with_the_crc32c_sent_needs_no_head(
+        s3_bucket: Bucket, via_proxy: dict[str, Any], proxy: FaultProxy, boto: Any,
+        verify: Any, expected: list[str]) -> None:
+    """The store checked the CRC32C sent over exactly the bytes it took (Content-Length
+    framed) and says so in its answer: "size" and "probe" need nothing more; "full" still
+    reads the object back."""
+    data = os.urandom(1024 * 1024)
+    with atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                      verify=verify) as f:
+        f.write(data)
+    assert _object_requests(proxy, "obj.bin") == expected
+    (put,) = requests(proxy, "PUT", "obj.bin")
+    assert put.headers["x-amz-checksum-crc32c"] == crc_to_b64(crc32c(data))
+    assert stored(boto, s3_bucket, "obj.bin") == data
+
+
+@pytest.mark.parametrize("verify", ["size", "probe"])
+def test_a_put_answered_without_a_checksum_is_checked_by_a_head(
+        s3_bucket: Bucket, via_proxy: dict[str, Any], proxy: FaultProxy, boto: Any,
+        verify: Any) -> None:
+    """A store that ignores flexible checksums answers none: nothing vouches for what it
+    kept, so the HEAD happens."""
+    proxy.add(faults.strip_headers(method="PUT", path=_only("obj.bin")))
+    data = os.urandom(1024 * 1024)
+    with atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                      verify=verify) as f:
+        f.write(data)
+    (put,) = requests(proxy, "PUT", "obj.bin")
+    assert put.faults == ["strip_headers"]  # the answer really came without its checksum
+    assert _object_requests(proxy, "obj.bin") == ["PUT", "HEAD"]
+    assert stored(boto, s3_bucket, "obj.bin") == data
+
+
+@pytest.mark.parametrize("verify", ["probe", "full"])
+def test_a_put_answered_with_another_crc32c_is_refused(
+        s3_bucket: Bucket, via_proxy: dict[str, Any], proxy: FaultProxy, boto: Any,
+        verify: Any) -> None:
+    """moto keeps and answers whatever CRC32C it is sent, unchecked (a real S3 refuses a
+    mismatch, BadDigest): another value put in the header on the way makes the store's
+    answer report a CRC32C other than the one the writer computed."""
+    other = crc_to_b64(crc32c(b"other bytes"))
+
+    def send_another_crc32c(request: faults.RequestInfo) -> bool:
+        request.headers.set("x-amz-checksum-crc32c", other)
+        return False
+
+    proxy.add(faults.delay(0, match=Match(methods="PUT", path=_only("obj.bin"),
+                                          where=send_another_crc32c)))
+    data = os.urandom(1000)
+    sent = crc_to_b64(crc32c(data))
+    with pytest.raises(IntegrityError, match=(
+            rf"s3://{s3_bucket.name}/obj\.bin: the store answered the PutObject with CRC32C "
+            rf"{re.escape(other)}, the writer computed and sent {re.escape(sent)}")) as err, \
+            atomic_write(s3_bucket.path("obj.bin"), storage_options=via_proxy,
+                         verify=verify) as f:
+        f.write(data)
+    assert (err.value.expected, err.value.found) == (sent, other)
+    assert _object_requests(proxy, "obj.bin") == ["PUT"]  # refused on the answer alone
+    assert stored(boto, s3_bucket, "obj.bin") is None  # taken away, and no marker written
+    assert boto.list_objects_v2(Bucket=s3_bucket.name).get("KeyCount") == 0
+
+
+# --- endpoint probes: never inside an entry --------------------------------------------------
+
+@pytest.fixture
+def fresh_endpoint(via_proxy: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``via_proxy``, probed afresh: verdicts are kept per endpoint URL, and an earlier
+    proxy may have had this port."""
+    endpoint = _adapter(via_proxy)._endpoint()
+    verdicts = (S3Adapter._create_only_by_endpoint, S3Adapter._conditional_by_endpoint)
+    for v in verdicts:
+        v.pop(endpoint, None)
+    yield via_proxy
+    for v in verdicts:
+        v.pop(endpoint, None)
+
+
+def _bucket_keys(boto: Any, bucket: Bucket) -> list[str]:
+    return sorted(o["Key"] for o in boto.list_objects_v2(Bucket=bucket.name).get("Contents", []))
+
+
+def _probe_requests(proxy: FaultProxy) -> list[tuple[str, str, bool, int | None]]:
+    """(method, key, If-None-Match sent, status) of every request on a probe object."""
+    return [(r.method, r.key, "if-none-match" in r.headers, r.status) for r in proxy.requests
+            if PROBE_PREFIX in r.key]
+
+
+def test_the_first_create_only_write_on_an_endpoint_leaves_nothing_but_the_entry(
+        s3_bucket: Bucket, fresh_endpoint: dict[str, Any], proxy: FaultProxy,
+        boto: Any) -> None:
+    with Entry(s3_bucket.path("runs", "ds"), storage_options=fresh_endpoint).writing() as w:
+        w.write_bytes("a.bin", b"payload")  # the marker is the first create-only write
+    probe = _probe_requests(proxy)
+    assert [(m, cond, status) for m, _, cond, status in probe] == [
+        ("PUT", False, 200), ("PUT", True, 412), ("DELETE", False, 204)]
+    assert re.fullmatch(r"\.durable/\.durable-probe-[0-9a-f]{32}", probe[0][1])
+    assert {k for _, k, _, _ in probe} == {probe[0][1]}
+    assert _bucket_keys(boto, s3_bucket) == ["runs/.durable/ds/commit.json", "runs/ds/a.bin"]
+
+
+def _write_entry_marker_first(url: str, options: dict[str, Any]) -> None:
+    with Entry(url, storage_options=options).writing() as w:
+        w.write_bytes("a.bin", b"payload")
+
+
+def _write_object_create_only(url: str, options: dict[str, Any]) -> None:
+    with atomic_write(url, "xb", storage_options=options) as f:
+        f.write(b"payload")
+
+
+def _write_entry_creating_inside_it(url: str, options: dict[str, Any]) -> None:
+    with Entry(url, storage_options=options).writing() as w:
+        w.fs.pipe_file(f"{w.path}/a.bin", b"payload", mode="create")
+
+
+@pytest.mark.parametrize(("write", "data_key"), [
+    (_write_entry_marker_first, "runs/ds/a.bin"),
+    (_write_object_create_only, "runs/ds"),
+    (_write_entry_creating_inside_it, "runs/ds/a.bin")])
+@pytest.mark.parametrize(("credentials", "probe_dir"), [("bucket", ""),
+                                                        ("prefix runs/", "runs/")])
+def test_a_probe_left_behind_never_touches_an_entry(
+        s3_bucket: Bucket, fresh_endpoint: dict[str, Any], proxy: FaultProxy, boto: Any,
+        write: Any, data_key: str, credentials: str, probe_dir: str) -> None:
+    """A writer killed between the probe's PUT and its DELETE leaves the probe object;
+    refusing the DELETE leaves it the same way, every time. It lies in a records folder no
+    entry owns, as high as the credentials allow (the bucket's, or for credentials limited
+    to ``runs/``, the one of ``runs/``): no entry looks started, none adopts it, a scan
+    shows no row for it."""
+    if credentials != "bucket":
+        proxy.add(faults.error(403, "AccessDenied", method="PUT", path=r"^/[^/]+/(?!runs/)"))
+    proxy.add(faults.error(403, "AccessDenied", method="DELETE", key=PROBE_PREFIX))
+    url = s3_bucket.path("runs", "ds")
+    write(url, fresh_endpoint)
+
+    keys = _bucket_keys(boto, s3_bucket)
+    (left,) = [k for k in keys if PROBE_PREFIX in k]
+    assert re.fullmatch(rf"{probe_dir}\.durable/\.durable-probe-[0-9a-f]{{32}}", left)
+    assert sorted(set(keys) - {left}) == sorted([data_key, "runs/.durable/ds/commit.json"])
+    refused = [(k, status) for m, k, cond, status in _probe_requests(proxy)
+               if m == "PUT" and status == 403]
+    assert refused == ([] if credentials == "bucket"
+                       else [(left.removeprefix("runs/"), 403)])  # the bucket's, first
+
+    options = s3_bucket.storage_options
+    entry = Entry(url, storage_options=options)
+    assert entry.state() is State.COMPLETE
+    report = entry.verify(deep=True)
+    assert report.ok and report.objects == 1  # nothing adopted besides the payload
+    rows = scan(s3_bucket.url, options)
+    assert [(r.url, r.state, r.objects, r.reason.startswith("committed at")) for r in rows] == [
+        (url, "COMPLETE", 1, True)]
+    assert "not in the manifest" not in rows[0].reason

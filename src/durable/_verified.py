@@ -17,6 +17,7 @@ from durable._entry import Entry
 from durable._errors import IncompleteError, IntegrityError
 from durable._protocol import RECORDS_DIR, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
+from durable.adapters._ranged import seek_position
 
 __all__ = ["find_record", "open_verified", "read_verified"]
 
@@ -156,16 +157,7 @@ class VerifiedReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._size + offset
-        else:
-            raise ValueError(f"bad whence {whence}")
-        if pos < 0:
-            raise ValueError("negative seek position")
+        pos = seek_position(offset, whence, self._pos, self._size)
         if pos != self._pos and not self._verified and pos != self._seq.size:
             self._verify_whole()
         self._f.seek(pos)

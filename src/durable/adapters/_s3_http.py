@@ -1,0 +1,128 @@
+"""What an S3 endpoint answers, judged: ETags, error responses, GET answers and bodies.
+
+Shared by the S3 adapter (`durable.adapters.s3`) and its writer (`_s3_upload`). Every
+error names the object, the request and what the store said.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import aiohttp
+from botocore.exceptions import FlexibleChecksumError, IncompleteReadError, ResponseStreamingError
+from fsspec.asyn import sync
+
+from durable._errors import IntegrityError
+from durable.adapters._ranged import BrokenBody
+from durable.adapters.base import ObjectInfo
+
+__all__ = ["BODY_BROKEN", "MULTIPART_ETAG", "S3Body", "check_response", "error_fields", "etag",
+           "failure"]
+
+# A body that stops mid-way surfaces as one of these, depending on where the socket died.
+BODY_BROKEN = (aiohttp.ClientError, IncompleteReadError, ResponseStreamingError,
+               asyncio.TimeoutError, ConnectionError)
+# An AWS-style multipart ETag: "<md5 of the part md5s>-<number of parts>".
+MULTIPART_ETAG = re.compile(r'"[0-9a-fA-F]+-(\d+)"')
+
+
+def etag(raw: object, url: str) -> str:
+    """The ETag as a quoted strong tag, or IntegrityError if it cannot pin a read.
+
+    An unquoted ETag (some gateways strip the quotes) is quoted again; a weak, empty or
+    missing one is refused here, with the object named, instead of failing later as an
+    opaque error in a conditional request (incident 000's "Malformed StorageGeneration").
+    """
+    text = raw.strip() if isinstance(raw, str) else ""
+    if text.startswith("W/"):
+        raise IntegrityError(f"{url}: the store answered a weak ETag {text!r}; a weak tag "
+                             "does not promise identical bytes, so reads cannot be pinned to "
+                             "it (a proxy transforming the object?)", url=url,
+                             expected="a strong ETag", found=text)
+    core = text.strip('"')
+    if not core:
+        raise IntegrityError(f"{url}: the store answered no usable ETag ({raw!r}); reads "
+                             "cannot be pinned to a version", url=url,
+                             expected="an ETag", found=raw)
+    return f'"{core}"'
+
+
+def error_fields(exc: BaseException) -> tuple[int | None, str, str]:
+    """(HTTP status, S3 error code, message) of a botocore error, as s3fs raised it."""
+    for e in (exc, exc.__cause__):
+        resp = getattr(e, "response", None)
+        if isinstance(resp, dict) and isinstance(resp.get("Error"), dict):
+            status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            err = resp["Error"]
+            return status, str(err.get("Code", "")), str(err.get("Message", ""))
+    return None, "", ""
+
+
+def failure(exc: BaseException, url: str, what: str, *, pinned: str | None = None,
+            create_only: bool = False) -> BaseException:
+    """The error for a failed request, naming the object, the request and the status."""
+    status, code, message = error_fields(exc)
+    if status is None:
+        return OSError(f"{url}: {what} failed: {type(exc).__name__}: {exc}")
+    text = f"{url}: {what} answered HTTP {status} {code}: {message}".rstrip(": ")
+    if status == 412 and create_only:
+        return FileExistsError(f"{url} already exists (create-only {what}: HTTP 412)")
+    if status == 412 and pinned is not None:
+        return IntegrityError(f"{url}: replaced since it was listed ({what} pinned to ETag "
+                              f"{pinned} answered HTTP 412 {code})", url=url, expected=pinned,
+                              found="another version")
+    if status == 416:
+        return IntegrityError(f"{url}: {what}: the store cannot serve that range (HTTP 416 "
+                              f"{code}): the object is shorter than its metadata", url=url)
+    if status == 404:
+        return FileNotFoundError(text)
+    if status == 403:
+        return PermissionError(text)
+    return OSError(text)
+
+
+def check_response(resp: dict[str, Any], url: str, info: ObjectInfo, start: int,
+                   length: int) -> None:
+    """The response is the bytes asked for, of the version asked for, or IntegrityError."""
+    got = int(resp.get("ContentLength", -1))
+    if got != length:
+        raise IntegrityError(f"{url}: asked for {length} bytes from byte {start}, the store "
+                             f"answers Content-Length {got} (the object is {info.size} bytes "
+                             "as listed)", url=url, expected=length, found=got)
+    # Checked here too: a store that ignores If-Match would serve another version silently.
+    served = etag(resp.get("ETag"), url)
+    if served != info.version:
+        raise IntegrityError(f"{url}: replaced since it was listed (GET served ETag {served}, "
+                             f"listed with {info.version})", url=url, expected=info.version,
+                             found=served)
+    if start or length != info.size:
+        want = f"bytes {start}-{start + length - 1}/{info.size}"
+        if resp.get("ContentRange") != want:
+            raise IntegrityError(f"{url}: asked for {want}, the store answers Content-Range "
+                                 f"{resp.get('ContentRange')}", url=url, expected=want,
+                                 found=resp.get("ContentRange"))
+
+
+class S3Body:
+    """A GET's streaming body as `PinnedStreamReader` reads it: read on s3fs's event loop;
+    a transport failure is a `BrokenBody` (asked again), a CRC32C mismatch final."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, body: Any, url: str) -> None:
+        self._loop = loop
+        self._body = body
+        self._url = url
+
+    def read(self, n: int) -> bytes:
+        try:
+            data: bytes = sync(self._loop, self._body.read, n)
+        except FlexibleChecksumError as exc:
+            raise IntegrityError(f"{self._url}: the body does not match the CRC32C the store "
+                                 f"recorded ({exc})", url=self._url) from None
+        except BODY_BROKEN as exc:
+            raise BrokenBody(type(exc).__name__) from exc
+        return data
+
+    def close(self) -> None:
+        self._body.close()
