@@ -271,18 +271,13 @@ def test_clean_removes_a_killed_writers_entry_once_old_by_the_stores_clock(
     assert store.snapshot() == {k: v for k, v in before.items() if k not in dead}
 
 
-def test_neither_this_machines_clock_nor_the_writers_ages_an_entry(
-        store: Store, request: pytest.FixtureRequest) -> None:
+def test_neither_this_machines_clock_nor_the_writers_ages_an_entry(store: Store) -> None:
     """A writer whose clock ran three days behind, cleaned from a machine whose clock runs
     three days ahead: by the store's clock the entry is seconds old, and it is kept."""
     from durable._ops import plan_clean
     from durable._scan import survey
     from durable.adapters import resolve
 
-    if isinstance(store, S3Store):
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="S3Adapter reads no store clock (Adapter.now) yet: ages are "
-                                "this machine's clock against the writer's started_at"))
     kill_entry_writer(store, "dead.zarr")
     record = attempt_record(store, "dead.zarr")
     doc = json.loads(store.read(record))

@@ -37,6 +37,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO, ClassVar
 
 from fsspec.asyn import sync
@@ -509,6 +510,17 @@ class S3Adapter(Adapter):
                              f"({', '.join(failures)}): the object is shorter than its "
                              "metadata says (whole parts lost?)", url=url, expected=info.size,
                              found=f"nothing at byte {offset}")
+
+    def now(self, path: str) -> float | None:
+        """The Date of the store's answer to a one-key listing next to ``path``."""
+        bucket, key = self._split(path)
+        resp = self._call("list_objects_v2", self.url(path), "ListObjectsV2", Bucket=bucket,
+                          Prefix=key, MaxKeys=1)
+        date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        try:
+            return parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            return None  # no Date, or a malformed one: ages fall back to this machine's clock
 
     # uploads left open -------------------------------------------------------------------
     def list_uploads(self, prefix: str) -> Sequence[Upload]:
