@@ -45,7 +45,9 @@ def atomic_write(
 
     ``verify``: after publishing, check the object in the store: ``"size"`` (one stat),
     ``"probe"`` (also read the end of each part), ``"full"`` (read back, compare CRC32C),
-    ``"none"``. The default is the adapter's (``"size"``).
+    ``"none"``. The default is the adapter's. On S3 a single PutObject answered with the
+    CRC32C it was sent meets ``"size"`` and ``"probe"`` with no request (the store checked
+    that CRC over exactly the bytes it took); see docs/guarantees.md.
     """
     if mode not in ("wb", "w", "xb", "x", "wt", "xt"):
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")

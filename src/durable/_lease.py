@@ -201,9 +201,10 @@ class Lease:
 
     def _require_support(self) -> None:
         if self._enforced is None:
-            # Probes (once per endpoint) write an object next to the path they are given:
-            # beside the records directory, not in it, where a writer that just acquired
-            # the lease would take the probe for another writer's record.
+            # Probes (once per endpoint) may write an object next to the path they are
+            # given (GCS; S3 probes under the bucket's own .durable/ instead): beside the
+            # records directory, not in it, where a writer that just acquired the lease
+            # would take the probe for another writer's record.
             beside = f"{self._records.rpartition('/')[0]}/lease-probe"
             # S3-compatible endpoints are probed for If-None-Match: one that ignores it
             # would turn the create-only acquire into a stat and a write.
