@@ -482,7 +482,8 @@ def _request_kinds(requests: list[RequestRecord], entry: Entry) -> collections.C
         if "list-type" in r.query:
             prefix = r.query["prefix"][0].rstrip("/")
             what = {data: "data", records: "records"}.get(prefix, prefix)
-            name = f"LIST {what}" + (" max-keys=1" if "max-keys" in r.query else "")
+            name = (f"LIST {what}" + (" delimiter" if "delimiter" in r.query
+                                      else " max-keys=1" if "max-keys" in r.query else ""))
         elif r.method == "POST" and "delete" in r.query:
             name = "DeleteObjects"
         else:
@@ -526,8 +527,8 @@ def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProx
         "PUT lease If-None-Match 200": 1,  # the writer lease, create-only: one writer
         "LIST records 200": 2,             # writing(): no marker nor other writer since the
                                            # look; commit: no other writer's marker
-        "HEAD entry 404": 1,               # writing(): no single-object entry at the path,
-        "LIST data max-keys=1 200": 1,     # ... and no data left by a writer without lease
+        "LIST data delimiter 200": 1,      # writing(): no object at the path nor below it
+                                           # (data left by a writer without the lease)
         "PUT attempt record 200": 1,       # this attempt, seen by scan / clean
         "PUT value 200": 1,                # the result
         "PUT key.json 200": 1,             # the canonical arguments, for inspection

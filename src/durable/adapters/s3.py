@@ -105,6 +105,10 @@ class _EndpointCapabilities:
                             conditional_writes=conditional is not False)
 
 
+# Keys and common prefixes one existence check looks through before it falls back to a
+# HEAD and a LIST (the S3 maximum page).
+_EXISTS_PAGE = 1000
+
 class S3Adapter(Adapter):
     protocols = ("s3", "s3a")
     capabilities = _EndpointCapabilities()
@@ -327,12 +331,25 @@ class S3Adapter(Adapter):
             kwargs["ContinuationToken"] = token
 
     def exists(self, path: str) -> bool:
-        if self.info(path) is not None:
-            return True
         bucket, key = self._split(path)
-        start = key.rstrip("/") + "/" if key else ""
-        resp = self._call("list_objects_v2", self.url(path), "ListObjectsV2", Bucket=bucket,
-                          Prefix=start, MaxKeys=1)
+        key = key.rstrip("/")
+        url = self.url(path)
+        if key:
+            # One listing answers both "an object named KEY" and "objects below KEY/": KEY
+            # among the keys, KEY/ among the common prefixes (a HEAD and a LIST otherwise).
+            # Only siblings that start with KEY come along; a page too short for them
+            # all falls back to asking each question on its own.
+            resp = self._call("list_objects_v2", url, "ListObjectsV2", Bucket=bucket,
+                              Prefix=key, Delimiter="/", MaxKeys=_EXISTS_PAGE)
+            if any(c.get("Key") == key for c in resp.get("Contents", ())) or any(
+                    p.get("Prefix") == f"{key}/" for p in resp.get("CommonPrefixes", ())):
+                return True
+            if not resp.get("IsTruncated"):
+                return False
+            if self.info(path) is not None:
+                return True
+        resp = self._call("list_objects_v2", url, "ListObjectsV2", Bucket=bucket,
+                          Prefix=f"{key}/" if key else "", MaxKeys=1)
         return bool(resp.get("Contents"))
 
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
