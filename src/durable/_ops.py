@@ -398,7 +398,8 @@ def _watch_leases(sv: Survey, leases: dict[str, LeaseSeen], lease_wait: float,
 def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
                all_uploads: bool = False, workers: int = _WORKERS,
                progress: Ticker | None = None, sleep: Callable[[float], None] = time.sleep,
-               now: Callable[[], float] = time.time) -> CleanReport:
+               now: Callable[[], float] = time.time,
+               clock: Literal["store", "local"] = "store") -> CleanReport:
     """What `apply_clean` would remove under the surveyed root, and what it keeps and why.
 
     Candidates: unmarked entries with durable records (a writer started: attempt records,
@@ -412,8 +413,11 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     live or cannot be judged.
 
     Ages are read from the store's clock where the adapter can read it (`Adapter.now`):
-    an entry's from its attempt records' modification times. Elsewhere they are ``now()``
-    against the writer's ``started_at`` and the store's modification times.
+    an entry's from its attempt records' modification times. Elsewhere, or with
+    ``clock="local"``, they are ``now()`` against the writer's ``started_at`` and the
+    store's modification times: for a bucket copied from another (copies get new
+    modification times, the attempt records keep their ``started_at``), or an endpoint
+    whose Date is wrong.
     """
     leased = {k for k, f in sv.entries.items() if f.lease is not None}
     started = {k for k, f in sv.entries.items() if f.marker is None and f.records}
@@ -426,7 +430,7 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     # The store's own clock where it has one: every age is then the difference of two times
     # the store gave, and neither this machine's clock nor a writer's, however far off, can
     # make a live writer's leftovers look old.
-    store_now = sv.adapter.now(sv.path)
+    store_now = sv.adapter.now(sv.path) if clock == "store" else None
     at = now() if store_now is None else store_now
 
     def age_since(when: float | None) -> float | None:
@@ -444,8 +448,8 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         stamps = [i.modified for i in f.attempts.values() if i.modified is not None]
         if stamps:
             return age_since(max(stamps)), "attempt record mtime", "store"
-        age, source, clock = entry_age(f, Records(), at)
-        return (None if age is None else max(0.0, age)), source, clock
+        age, source, whose = entry_age(f, Records(), at)
+        return (None if age is None else max(0.0, age)), source, whose
 
     items: list[CleanItem] = []
     kept: list[Skipped] = []
@@ -470,15 +474,15 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
 
     for key in sorted(started):
         f, url = sv.entries[key], sv.url(key)
-        age, source, clock = age_of(f, records[key])
+        age, source, whose = age_of(f, records[key])
         why = (blocked(sv.owners(key))
                or ("it holds other entries" if key in holders else None)
-               or old(age, f"last {source} ({clock}'s clock)" if source else "written"))
+               or old(age, f"last {source} ({whose}'s clock)" if source else "written"))
         if why is not None:
             kept.append(Skipped(url, why))
             continue
         assert age is not None
-        since = f"{source} {fmt_age(age)} ago ({clock}'s clock)"
+        since = f"{source} {fmt_age(age)} ago ({whose}'s clock)"
         if f.objects:
             kind: CleanKind = "entry"
             reason = (f"never committed: {len(f.attempts)} attempt records, {since}"

@@ -112,7 +112,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -689,12 +689,19 @@ def _sleeper(tick: Ticker) -> Callable[[float], None]:
 @click.option("--all-uploads", is_flag=True,
               help="Abort old unfinished uploads under ROOT even when not started the way "
                    "durable starts them (S3: CRC32C checksum; Azure: durable's block IDs).")
+@click.option("--clock", type=click.Choice(["store", "local"]), default="store",
+              show_default=True,
+              help="Whose clock ages are measured by: the store's (the Date it answers "
+                   "with, against its modification times; where it has none, this "
+                   "machine's), or this machine's against the writers' started_at (for a "
+                   "bucket copied from another: copies get new modification times).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @_WORKERS
 @_common
 @click.pass_context
 def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
-          lease_wait: float, all_uploads: bool, as_json: bool, workers: int) -> None:
+          lease_wait: float, all_uploads: bool, clock: Literal["store", "local"],
+          as_json: bool, workers: int) -> None:
     """Remove what dead durable writers left under ROOT, older than AGE.
 
     \b
@@ -716,7 +723,7 @@ def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
     with _ticking(not as_json, f"listing {root}") as tick:
         sv = survey(adapter, path)
         report = plan_clean(sv, older_than=older_than, lease_wait=lease_wait,
-                            all_uploads=all_uploads, workers=workers, progress=tick,
+                            all_uploads=all_uploads, workers=workers, progress=tick, clock=clock,
                             sleep=_sleeper(tick) if not as_json else time.sleep)
         if do_apply:
             apply_clean(sv, report, workers=workers, progress=tick)
