@@ -12,8 +12,6 @@ system, in interleaved rounds:
                 and a size check after publishing
 - atomic+record durable.atomic_write(record=True): also a commit marker with the size and
                 CRC32C (one small write, fsync, rename, directory fsync)
-- atomic-serial-crc (with --ablations) atomic with the CRC32C run before each write
-                instead of beside it in a helper thread
 - atomic-no-writeback (with --ablations) atomic without early writeback
                 (sync_file_range every 8 MiB): only the final fsync writes the data out
 
@@ -61,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "one kept is the base of the ratios)")
     p.add_argument("--seed", type=int, default=0, help="seed of the order of cases per round")
     p.add_argument("--out", help="results name (default bench_atomic, or bench_atomic_quick)")
-    p.add_argument("--ablations", "--serial-crc", action="store_true",
-                   help="add cases with the local adapter's CRC32C/write overlap off, and "
-                        "with its early writeback off, to see what each buys in this run")
+    p.add_argument("--ablations", action="store_true",
+                   help="add a case with the local adapter's early writeback off, to see "
+                        "what it buys in this run")
     args = p.parse_args(argv)
     size = (args.size_mib or (256 if args.quick else 1024)) * MiB
     block_size = args.block_mib * MiB
@@ -101,16 +99,6 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(block)
         return run
 
-    def serial_crc(path: str) -> None:
-        from durable.adapters import local
-
-        saved = local._OVERLAP_MIN
-        local._OVERLAP_MIN = sys.maxsize  # every block takes AtomicFile.write: CRC, then write
-        try:
-            atomic(False)(path)
-        finally:
-            local._OVERLAP_MIN = saved
-
     def no_writeback(path: str) -> None:
         from durable.adapters import local
 
@@ -132,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         Case("recipe", "tmp, write, fsync, rename, dir fsync", recipe),
         Case("atomic", "durable.atomic_write(record=False)", atomic(False)),
         Case("atomic+record", "durable.atomic_write(record=True)", atomic(True)),
-        Case("atomic-serial-crc", "atomic, CRC32C not overlapped with write", serial_crc),
         Case("atomic-no-writeback", "atomic, no early writeback (fsync does it all)",
              no_writeback),
     ]
@@ -143,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown cases {sorted(unknown)}; there are {[c.name for c in cases]}")
         cases = [next(c for c in cases if c.name == n) for n in wanted]
     elif not args.ablations:
-        cases = cases[:-2]
+        cases = cases[:-1]
     workdir = scratch_dir(args.dir, "bench-atomic")
     print(f"atomic_write of {size // MiB} MiB in {block_size // MiB} MiB blocks, "
           f"{rounds} rounds (+{args.warmup} warm-up), in {workdir}")

@@ -49,14 +49,10 @@ __all__ = ["LocalAdapter", "fsync_dir"]
 TMP_MARK = ".durable-tmp-"
 # fsync releases the GIL: a small pool overlaps the disk's flushes at commit.
 _SYNC_WORKERS = 8
-# CRC32C and write(2) both release the GIL: from this block size up, the checksum runs in
-# a helper thread while the kernel copies the block, so with a CPU to spare it no longer
-# adds 5-9% to a large write (benchmarks/bench_atomic.py --serial-crc). With no CPU to
-# spare it costs a few percent instead; below this size the hand-off never pays.
-_OVERLAP_MIN = 2 * 1024 * 1024
-_CRC_WORKERS = 4
-_crc_pool: ThreadPoolExecutor | None = None
-_crc_lock = threading.Lock()
+# CRC32C is computed in the writing thread, before each write(2): ~55 ms per GiB here. A
+# helper thread running it beside write(2) was tried and removed: with early writeback the
+# disk, not the CPU, sets the pace, and on 2 shared cores the hand-off cost more CPU and
+# made times erratic (bench_atomic.py, 2026-11-29: best 0.72 vs 0.68, median 1.59 vs 0.73).
 
 
 # Early writeback (what RocksDB's bytes_per_sync and PostgreSQL's *_flush_after do): every
@@ -82,27 +78,15 @@ def _find_sync_file_range() -> Any:
 _sync_file_range = _find_sync_file_range()
 
 
-def _checksum_pool() -> ThreadPoolExecutor:
-    global _crc_pool
-    with _crc_lock:
-        if _crc_pool is None:
-            _crc_pool = ThreadPoolExecutor(_CRC_WORKERS, thread_name_prefix="durable-crc")
-        return _crc_pool
-
-
-def _forget_pool_after_fork() -> None:
-    # A pool inherited through fork() has no threads: work submitted to it would wait
-    # forever. The child starts its own on first use.
-    global _crc_pool, _crc_lock, _cas_locks, _cas_registry
-    _crc_pool = None
-    _crc_lock = threading.Lock()
+def _forget_locks_after_fork() -> None:
     # Thread locks held by threads that did not survive the fork would never be released,
     # and the child holds none of the parent's record locks.
+    global _cas_locks, _cas_registry
     _cas_locks = {}
     _cas_registry = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_pool_after_fork)
+os.register_at_fork(after_in_child=_forget_locks_after_fork)
 
 
 def fsync_dir(path: str) -> None:
@@ -264,23 +248,6 @@ class _LocalAtomicFile(AtomicFile):
         self._started = 0  # bytes whose writeback is already started
         self._writeback: Callable[[int, int, int, int], int] | None = (
             _sync_file_range if durable else None)
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        if self._done or view.nbytes < _OVERLAP_MIN:
-            return super().write(view)
-        try:
-            crc = _checksum_pool().submit(self.checksum.update, view)
-        except RuntimeError:
-            # No new threads once the interpreter is shutting down (a checkpoint saved
-            # from an atexit handler): checksum, then write, one after the other.
-            return super().write(view)
-        # Same effect as AtomicFile.write (checksum, then the bytes), run side by side.
-        try:
-            self._write(view)
-        finally:
-            crc.result()
-        return view.nbytes
 
     def _write(self, data: memoryview) -> None:
         assert self._fd is not None

@@ -1,8 +1,9 @@
-"""Large local writes checksum in a helper thread beside write(2): the record stays right.
+"""Large local writes: the record is the CRC32C of the bytes, in a forked child and at exit.
 
-adapters/local.py runs CRC32C for blocks of 2 MiB or more in a pool while the kernel copies
-the block; a wrong hand-off would record a CRC32C of other bytes, and a pool inherited
-through fork() would hang the child.
+Large blocks once took another path (CRC32C in a helper thread beside write(2), removed:
+see adapters/local.py); these pin what any such path must keep: the recorded CRC32C is
+that of the bytes written, a forked child can write, and so can an atexit handler, when
+no new thread may start.
 """
 
 from __future__ import annotations
