@@ -4,7 +4,10 @@ fresh per test, and create-only writes are refused where the server is known to 
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -130,6 +133,37 @@ def test_stop_ends_a_server_behind_a_wrapper_script(
         except ProcessLookupError:
             break
         assert time.monotonic() < deadline, f"process group {group} still alive after stop()"
+        time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    """Dead or a zombie nobody has reaped yet (a container's PID 1 may never reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_session_takes_its_server_with_it() -> None:
+    """SIGKILL runs no atexit handler: the server must still not outlive the process that
+    started it (it holds a port and a temp dir)."""
+    script = ("import os, signal\n"
+              "from durable.testing.servers import start_moto\n"
+              "s = start_moto()\n"
+              "print(s.process.pid, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    pid = int(run.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the moto server (pid {pid}) outlived the killed process that "
+                        "started it")
         time.sleep(0.05)
 
 

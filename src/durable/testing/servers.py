@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib.util
 import os
 import platform
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -351,6 +353,7 @@ def _start(
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # own process group, see Server._signal
+                    preexec_fn=_die_with_parent(),
                 )
             except OSError as err:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -370,6 +373,32 @@ def _start(
         atexit.register(server.stop)
         return server
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """What the server runs between fork and exec so that it ends with this process.
+
+    `atexit` stops servers on a normal exit, but a test session killed by SIGKILL (a CI
+    timeout, an OOM kill) runs no handler, and the server, in its own session, would keep
+    its port and temp dir for ever. Linux sends the child SIGTERM when its parent dies.
+    Only from the main thread: the signal follows the *thread* that forked, and a server
+    started from a worker thread must not die when that thread ends.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not (
+            threading.main_thread()):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def _wait_until_answering(server: Server, path: str, timeout: float) -> None:
