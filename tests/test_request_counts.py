@@ -79,13 +79,15 @@ def test_a_zarr_write_on_s3_adds_a_fixed_number_of_requests(
         dz.write(s3_bucket.path(name), data, chunks=chunks, storage_options=options)
         per_chunk = collections.Counter(r.method for r in proxy.requests if "/c/" in r.path)
         assert per_chunk == {"PUT": (64 // chunks[0]) ** 2}
-        # Besides one PUT per chunk: the 3 requests of writing()'s start; zarr's own look
-        # for an existing array (staged copy, then the entry); the staged zarr.json PUT;
-        # at publish one LIST of the records, the staged document's GET and its PUT into
-        # the entry; the commit's LIST of the entry, marker PUT and DeleteObjects (of the
-        # attempt record and the staged copy): 12, whatever the number of chunks (plain
-        # zarr makes 3 of them: its look for an existing array and the zarr.json PUT).
-        assert _counts(proxy, skip="/c/") == {"LIST": 4, "PUT": 4, "GET": 3, "DELETE": 1}, name
+        # Besides one PUT per chunk: the 3 requests of writing()'s start; the staged
+        # zarr.json PUT; at publish the LISTs of the records and of the entry (at once;
+        # the commit reuses both) and the document's PUT into the entry; the marker PUT
+        # and DeleteObjects (of the attempt record and the staged copy): 9, whatever the
+        # number of chunks (plain zarr makes 3: a HEAD and a LIST looking for an existing
+        # array, the zarr.json PUT). Gone: zarr's look (2 GETs; a fresh write answers it
+        # from what it staged), the staged document's GET at publish (it is listed with
+        # the ETag its PUT was answered with) and the commit's own LIST of the entry.
+        assert _counts(proxy, skip="/c/") == {"LIST": 4, "PUT": 4, "DELETE": 1}, name
         assert dz.open(s3_bucket.path(name), storage_options=options)[...].tolist() == \
             data.tolist()
         proxy.clear_requests()
@@ -97,9 +99,29 @@ def test_atomic_write_and_read_verified_on_s3(
     url = s3_bucket.path("d", "obj.bin")
     with durable.atomic_write(url, storage_options=options) as f:
         f.write(b"x" * 1000)
-    # HEAD of the marker (an old one must go before new bytes appear), the PutObject (the
-    # store echoes the CRC32C it checked: verify "size"/"probe" need no HEAD), the marker.
-    assert _counts(proxy) == {"HEAD": 1, "PUT": 2}
+    # One PutObject carrying the record (size, CRC32C) in its own metadata: no marker to
+    # look for or write, and the store echoes the CRC32C it checked (verify "size" and
+    # "probe" need no HEAD).
+    assert _counts(proxy) == {"PUT": 1}
     assert durable.read_verified(url, storage_options=options) == b"x" * 1000
-    # The marker, then one GET of the object, its length and CRC32C checked.
-    assert _counts(proxy) == {"GET": 2}
+    # One GET: its headers carry the record, its body is checked against it.
+    assert _counts(proxy) == {"GET": 1}
+
+
+def test_a_1_mib_atomic_write_and_its_readers_on_s3(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    proxy, options = proxied
+    url = s3_bucket.path("d", "one.bin")
+    data = bytes(range(256)) * 4096
+    with durable.atomic_write(url, storage_options=options, verify="size") as f:
+        f.write(data)
+    assert _counts(proxy) == {"PUT": 1}
+    assert durable.read_verified(url, storage_options=options) == data
+    assert _counts(proxy) == {"GET": 1}
+    with durable.open_verified(url, storage_options=options) as f:
+        assert f.read() == data
+    # The HEAD carries the record; one GET of the bytes.
+    assert _counts(proxy) == {"HEAD": 1, "GET": 1}
+    assert durable.Entry(url, storage_options=options).state() is durable.State.COMPLETE
+    # No marker (a GET answered 404), then the HEAD that carries the record.
+    assert _counts(proxy) == {"GET": 1, "HEAD": 1}

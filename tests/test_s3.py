@@ -17,7 +17,15 @@ from typing import Any
 import fsspec
 import pytest
 
-from durable import Entry, IntegrityError, State, atomic_write, open_verified, read_verified
+from durable import (
+    Entry,
+    IncompleteError,
+    IntegrityError,
+    State,
+    atomic_write,
+    open_verified,
+    read_verified,
+)
 from durable._checksum import Checksum, crc32c, crc_to_b64
 from durable._scan import scan
 from durable.adapters import adapter_for_fs
@@ -340,6 +348,28 @@ def test_listing_is_one_paginated_listing(
     assert keys == ["pq"]
 
 
+@pytest.mark.parametrize("text", ["2026-11-29T21:00:00.000Z", "2026-11-29T21:00:00Z",
+                                  "2026-11-29T21:00:00.123456+02:00", "2026-11-29T21:00:00",
+                                  "Sun, 29 Nov 2026 21:00:00 GMT", "1764450000"])
+def test_the_fast_listing_timestamp_parser_agrees_with_botocores(text: str) -> None:
+    """The stdlib parser that replaces botocore's dateutil one on listings must give the
+    same instant for every form a store may send, or ages (`durable clean`) shift."""
+    from botocore.utils import parse_timestamp
+
+    from durable.adapters.s3 import _iso_timestamp
+
+    assert _iso_timestamp(text) == parse_timestamp(text)
+    assert _iso_timestamp(text).utcoffset() == parse_timestamp(text).utcoffset()
+
+
+def test_listing_times_are_the_stores(s3_bucket: Bucket, adapter: S3Adapter,
+                                      boto: Any) -> None:
+    boto.put_object(Bucket=s3_bucket.name, Key="t/a", Body=b"a")
+    head = boto.head_object(Bucket=s3_bucket.name, Key="t/a")["LastModified"]
+    listed = adapter.list(f"{s3_bucket.name}/t")["a"].modified
+    assert listed == head.timestamp()
+
+
 # --- faults through the proxy -------------------------------------------------------------
 
 def _write(bucket: Bucket, key: str, data: bytes) -> str:
@@ -470,9 +500,17 @@ def test_403_error_document_is_never_returned(
 
 def test_error_document_served_as_200_is_refused_by_the_record(
         s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
-    _write(s3_bucket, "obj.bin", b"payload")
+    _write(s3_bucket, "obj.bin", b"payload")  # its record in its own metadata
+    s3_bucket.filesystem().pipe_file(f"{s3_bucket.name}/adopted.bin", b"payload")
+    Entry(s3_bucket.path("adopted.bin"), storage_options=s3_bucket.storage_options
+          ).mark_complete()  # its record in a marker beside it
     proxy.add(faults.error_body_with_200(path=_only("obj.bin")))
-    with pytest.raises(IntegrityError, match=r"obj\.bin: recorded with 7 bytes"):
+    proxy.add(faults.error_body_with_200(path=_only("adopted.bin")))
+    with pytest.raises(IntegrityError, match=r"adopted\.bin: recorded with 7 bytes"):
+        read_verified(s3_bucket.path("adopted.bin"), storage_options=via_proxy)
+    # The error page comes without the object's metadata, so without its record: refused
+    # as unrecorded, never returned.
+    with pytest.raises(IncompleteError, match=r"obj\.bin: no commit record covers"):
         read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
 
 
@@ -754,7 +792,9 @@ def test_a_probe_left_behind_never_touches_an_entry(
     keys = _bucket_keys(boto, s3_bucket)
     (left,) = [k for k in keys if PROBE_PREFIX in k]
     assert re.fullmatch(rf"{probe_dir}\.durable/\.durable-probe-[0-9a-f]{{32}}", left)
-    assert sorted(set(keys) - {left}) == sorted([data_key, "runs/.durable/ds/commit.json"])
+    # A single object carries its record in its own metadata: no marker beside it.
+    marker = [] if data_key == "runs/ds" else ["runs/.durable/ds/commit.json"]
+    assert sorted(set(keys) - {left}) == sorted([data_key, *marker])
     refused = [(k, status) for m, k, cond, status in _probe_requests(proxy)
                if m == "PUT" and status == 403]
     assert refused == ([] if credentials == "bucket"
@@ -766,6 +806,12 @@ def test_a_probe_left_behind_never_touches_an_entry(
     report = entry.verify(deep=True)
     assert report.ok and report.objects == 1  # nothing adopted besides the payload
     rows = scan(s3_bucket.url, options)
+    assert all(PROBE_PREFIX not in r.url for r in rows)
+    if not marker:
+        # A listing shows no metadata: a scan cannot find an object whose record is in its
+        # own metadata (docs/protocol.md), and shows no row for it.
+        assert url not in {r.url for r in rows}
+        return
     assert [(r.url, r.state, r.objects, r.reason.startswith("committed at")) for r in rows] == [
         (url, "COMPLETE", 1, True)]
     assert "not in the manifest" not in rows[0].reason

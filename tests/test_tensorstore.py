@@ -27,7 +27,14 @@ import tensorstore as ts
 import durable.tensorstore as dts
 from _ts_child import COLS, TsChild, rewrite
 from _ts_child import write as child_write
-from durable import Entry, IncompleteError, IntegrityError, State, UnsupportedError
+from durable import (
+    AlreadyCompleteError,
+    Entry,
+    IncompleteError,
+    IntegrityError,
+    State,
+    UnsupportedError,
+)
 from durable._checksum import crc32c
 from durable._tensorstore_kv import _MEMORY
 from durable.testing import faults
@@ -389,6 +396,121 @@ def test_file_writer_leftovers_are_removed_not_committed(tmp_path: Any) -> None:
     assert not os.path.exists(os.path.join(url, "c", "0", "0.__lock"))
 
 
+@pytest.mark.parametrize("kind", ["file", "memory", "s3", "fake_gcs"])
+def test_metadata_rewritten_in_the_block_is_recorded_as_it_ends(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer keeps the zarr.json it created instead of reading it back; a resize in
+    the same block rewrites it with the same size (20 -> 40 rows), and the manifest must
+    record the bytes that are there at the commit, not the ones first written. (Not on
+    gcp-storage-emulator: a resize is conditional, and its generations are unusable.)"""
+    target = make_target(kind, request, tmp_path, monkeypatch)
+    with dts.writing(target.url("arr"), storage_options=target.options) as w:
+        array = w.open(create=True, dtype=ts.float32, shape=[20, COLS],
+                       chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10]))
+        first = target.raw_read("arr/zarr.json")
+        array = array.resize(exclusive_max=[40, COLS]).result()
+        w.write(array, values(40))
+    body = target.raw_read("arr/zarr.json")
+    assert len(body) == len(first) and body != first
+    marker = w.entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    assert marker.manifest.objects["zarr.json"].crc32c == crc32c(body)
+    assert w.entry.verify(deep=True).ok
+    got = dts.open(target.url("arr"), storage_options=target.options).read().result()
+    assert (got == values(40)).all()
+
+
+@pytest.mark.parametrize("kind", ["file", "memory", "s3", "fake_gcs"])
+def test_create_never_opens_an_existing_array(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """create=True writes zarr.json create-only, as tensorstore's own create does: an
+    array written before (here by plain tensorstore) is not opened. (Not on
+    gcp-storage-emulator, which does not enforce ifGenerationMatch on every upload.)"""
+    target = make_target(kind, request, tmp_path, monkeypatch)
+    url = target.url("arr")
+    shape = {"dtype": ts.float32, "shape": [10, 10]}
+    target.plain_open("arr", ts.Context(), create=True, **shape)[...] = 2
+    with pytest.raises(ValueError, match=r"ALREADY_EXISTS: .*arr/zarr\.json"), dts.writing(
+            url, storage_options=target.options, resume=True) as w:
+        w.open(create=True, **shape)
+    assert target.raw_read("arr/zarr.json") == bytes(
+        target.plain_open("arr", ts.Context()).kvstore.read("zarr.json").result().value)
+    assert dts.entry_for(url, target.options).state() is not State.COMPLETE
+
+
+def test_create_twice_in_one_block_fails_without_asking_the_store(target: Target) -> None:
+    """Known from the writer's own records: also where the store does not enforce
+    create-only (gcp-storage-emulator)."""
+    shape = {"dtype": ts.float32, "shape": [10, 10]}
+    with pytest.raises(ValueError, match=r"ALREADY_EXISTS: .*arr/a/zarr\.json"), dts.writing(
+            target.url("arr"), storage_options=target.options) as w:
+        w.open("a", create=True, **shape)[...] = 1
+        w.open("a", create=True, **shape)
+    assert dts.entry_for(target.url("arr"), target.options).state() is not State.COMPLETE
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+@pytest.mark.parametrize("given", [{"open": False}, {"assume_cached_metadata": False},
+                                   {"delete_existing": False, "assume_metadata": False}])
+def test_create_with_open_modes_given_as_false_is_a_create(
+        kind: str, given: dict[str, bool], request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain tensorstore accepts create=True with these spelled out as False; the writer
+    must not pass them on next to its own open mode (a TypeError)."""
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    with dts.writing(t.url("arr"), storage_options=t.options) as w:
+        array = w.open(create=True, dtype=ts.float32, shape=[20, COLS],
+                       chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10]), **given)
+        w.write(array, values(20))
+    assert w.entry.verify(deep=True).ok
+    marker = w.entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    assert marker.manifest.objects["zarr.json"].crc32c == crc32c(t.raw_read("arr/zarr.json"))
+    assert (dts.open(t.url("arr"), storage_options=t.options).read().result()
+            == values(20)).all()
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_zarr_v2_arrays_are_created_by_tensorstore(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only zarr3 writes zarr.json: a zarr v2 array's .zarray is tensorstore's to write."""
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    v2 = {"driver": "zarr"}
+    with dts.writing(t.url("arr"), storage_options=t.options) as w:
+        array = w.open(create=True, spec=v2, checksum_codec=False, dtype=ts.float32,
+                       shape=[20, COLS], chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10]))
+        w.write(array, values(20))
+    assert set(t.raw_keys("arr")) == {".zarray"} | {f"{r}.{c}" for r in range(2)
+                                                    for c in range(3)}
+    assert json.loads(t.raw_read("arr/.zarray"))["zarr_format"] == 2
+    assert w.entry.verify(deep=True).ok
+    assert (dts.open(t.url("arr"), storage_options=t.options, spec=v2).read().result()
+            == values(20)).all()
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_a_writer_that_loses_the_race_commits_nothing_and_removes_nothing(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit does not list the records first (no fragments): the create-only marker
+    write alone decides between two writers of one entry."""
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    url = t.url("arr")
+    with pytest.raises(AlreadyCompleteError, match="another writer committed"), \
+            dts.writing(url, storage_options=t.options) as w:
+        w.open(create=True, dtype=ts.float32, shape=[20, COLS],
+               chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10]))[...] = values(20)
+        rewrite(url, "resume", 5, 20, t.options)  # another process finishes and commits
+    entry = dts.entry_for(url, t.options)
+    marker = entry.read_marker()
+    assert marker is not None and marker.attempt != w.attempt
+    assert entry.verify(deep=True).ok
+    assert (dts.open(url, storage_options=t.options).read().result() == 5).all()
+
+
 # ------------------------------------------------------------------------------ refusing
 def test_open_refuses_anything_but_complete(target: Target) -> None:
     url = target.url("arr")
@@ -451,6 +573,23 @@ def test_open_checks_the_listing_and_deep_checks_the_bytes(target: Target) -> No
     target.raw_write("arr/c/9/9", good)
     with pytest.raises(IntegrityError, match=r"c/9/9: not in the manifest"):
         dts.open(url, storage_options=target.options)
+
+
+def test_metadata_changed_after_the_commit_with_its_size_is_refused(target: Target) -> None:
+    """Another tool rewrites zarr.json after the commit, same size (fill_value 0 -> 7): the
+    listing matches the manifest, and plain tensorstore reads the zeros written as 7s."""
+    url = target.url("arr")
+    dts.write(url, np.zeros(4, dtype="int32"), chunks=[2], storage_options=target.options)
+    body = target.raw_read("arr/zarr.json")
+    changed = body.replace(b'"fill_value":0', b'"fill_value":7')
+    assert len(changed) == len(body) and changed != body
+    target.raw_write("arr/zarr.json", changed)
+    assert (target.plain_open("arr", ts.Context()).read().result() == 7).all()
+    for deep in (False, True):
+        with pytest.raises(IntegrityError, match=rf"arr/zarr\.json: .*crc32c {crc32c(body):08x}"):
+            dts.open(url, storage_options=target.options, deep=deep)
+    target.raw_write("arr/zarr.json", body)
+    assert (dts.open(url, storage_options=target.options).read().result() == 0).all()
 
 
 def test_zarr_python_checks_the_codec_too(tmp_path: Any) -> None:

@@ -31,6 +31,7 @@ from _zarr_child import CHUNKS, N_CHUNKS, SHAPE, ZarrChild, expected, write
 from durable import AlreadyCompleteError, Entry, IncompleteError, IntegrityError, State
 from durable._checksum import crc32c
 from durable._fragments import FragmentRecorder
+from durable.testing.faults import FaultProxy
 from durable.testing.pytest_plugin import Bucket
 
 NOT_FOUND = (zarr.errors.NodeNotFoundError, FileNotFoundError)
@@ -498,12 +499,52 @@ def test_the_writer_sees_what_other_processes_staged(shared: Target) -> None:
         group = zarr.open_group(store, mode="w-")
         group.create_array("a", shape=SHAPE, chunks=CHUNKS, dtype="float32")
         assert [name for name, _ in group.members()] == ["a"]
-        # Another process of the same write adds an array (its metadata goes to staging).
+        # The store is handed to another process of the same write (as dask pickles it),
+        # which adds an array (its metadata goes to staging).
+        pickle.dumps(store)
         doc = shared.raw_keys(".durable/m.zarr/staged/a")["zarr.json"]
         shared.raw_write(".durable/m.zarr/staged/b/zarr.json", doc)
         assert sorted(name for name, _ in group.members()) == ["a", "b"]
     assert sorted(zarr.open_group(url, mode="r", **shared.plain_options()).array_keys()) == [
         "a", "b"]
+
+
+def test_publish_takes_what_another_process_staged_last(shared: Target) -> None:
+    url = shared.url("r.zarr")
+    with dz.writing(url, storage_options=shared.options) as store:
+        array = zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32",
+                                  attributes={"v": 1})
+        array[...] = expected()
+        # Another process of the same write (as dask hands the store out) restages the
+        # document this store staged and still holds: the one staged last is published.
+        other = pickle.loads(pickle.dumps(store))
+        zarr.open_array(other, mode="r+").attrs["v"] = 2
+    plain = zarr.open_array(url, mode="r", **shared.plain_options())
+    assert plain.attrs["v"] == 2
+    np.testing.assert_array_equal(plain[...], expected())
+    manifest_matches_store(shared, "r.zarr")
+
+
+@pytest.mark.s3
+def test_after_a_failed_staging_write_metadata_is_read_from_staging(
+        s3_bucket: Bucket) -> None:
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        url = s3_bucket.path("f.zarr")
+        with dz.writing(url, storage_options=options) as store:
+            array = zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32",
+                                      attributes={"v": 1})
+            # The store takes the restaged document; the writer is told it failed.
+            proxy.inject("error", status=403, forward=True, method="PUT",
+                         key="f.zarr/staged/zarr.json", times=1)
+            with pytest.raises(PermissionError):
+                array.attrs["v"] = 2
+            # Not what the writer last staged successfully: what staging holds.
+            assert zarr.open_array(store, mode="r").attrs["v"] == 2
+            array[...] = expected()
+        plain = zarr.open_array(url, mode="r", storage_options=options)
+        assert plain.attrs["v"] == 2
+        np.testing.assert_array_equal(plain[...], expected())
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])

@@ -38,10 +38,14 @@ def atomic_write(
     directory. Object stores: a single PUT or a multipart upload completed at exit; on any
     exception (KeyboardInterrupt included) it is aborted and nothing becomes visible.
 
-    ``record=True`` also commits a marker recording the object's size and CRC32C (the
-    object becomes a single-object entry), so `read_verified` can check it later. An
-    existing marker is removed before the new object is published: a crash in between
-    leaves the object INCOMPLETE, never an old record over new bytes.
+    ``record=True`` also records the object's size and CRC32C (the object becomes a
+    single-object entry), so `read_verified` can check it later. Where one request
+    publishes the object (an S3 PutObject, up to the adapter's part size) the record
+    travels in the object's own metadata, in that same request: the object is judged by it
+    and any marker beside it is superseded. Elsewhere (local disk, memory, a multipart
+    upload) a commit marker is written after the object; an existing one is removed before
+    the new object is published, so a crash in between leaves the object INCOMPLETE, never
+    an old record over new bytes (docs/protocol.md).
 
     ``verify``: after publishing, check the object in the store: ``"size"`` (one stat),
     ``"probe"`` (also read the end of each part), ``"full"`` (read back, compare CRC32C),
@@ -69,9 +73,17 @@ def atomic_write(
             # existing object COMPLETE, not strip its record.
             raise FileExistsError(f"{adapter.url(path)} exists (atomic_write mode {mode!r} "
                                   "only creates)")
-        if layout is not None and adapter.info(layout.marker) is not None:
-            adapter.delete([layout.marker])
-        raw.commit()
+        marker = own = None
+        if layout is not None:
+            marker = Marker.new("object", new_attempt_id(), Manifest(
+                {"": ObjectRecord(raw.checksum.size, raw.checksum.crc)}))
+            if raw.carries_record:
+                # Data and record in one request: no marker to remove first, since an
+                # object carrying its own record is never judged by a marker beside it.
+                own = marker.to_metadata()
+            elif adapter.info(layout.marker) is not None:
+                adapter.delete([layout.marker])
+        info = raw.commit(record=own)
     except BaseException:
         raw.abort()
         raise
@@ -83,12 +95,11 @@ def atomic_write(
         adapter.verify_written(path, raw.checksum, verify or adapter.default_verify)
     except IntegrityError:
         # The store holds something other than what was sent: take it away rather than
-        # leave a wrong object under the name (it has no marker, so it is INCOMPLETE).
+        # leave a wrong object under the name (no marker is written for it; a record in
+        # its metadata names the bytes sent, which it does not hold: reads fail loudly).
         with contextlib.suppress(OSError):
             adapter.delete([path])
         raise
-    if layout is not None:
-        marker = Marker.new("object", new_attempt_id(),
-                            Manifest({"": ObjectRecord(raw.checksum.size, raw.checksum.crc)}))
-        data, _ = marker.encode()
-        adapter.put(layout.marker, data)
+    if layout is not None and marker is not None and info.record is None:
+        # Not carried by the object (local disk, a multipart upload): the marker, last.
+        adapter.put(layout.marker, marker.encode()[0])

@@ -34,6 +34,7 @@ from durable._protocol import (
     ObjectRecord,
     State,
     attempt_record_bytes,
+    carries_record,
     check_key,
     new_attempt_id,
 )
@@ -49,6 +50,9 @@ __all__ = ["Entry", "EntryWriter", "Problem", "Status", "VerifyReport"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
+
+
+_IN_PROCESS = frozenset({"file", "local", "memory"})  # adapters with no round trip
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,45 @@ class Entry:
 
     # reading the records -----------------------------------------------------------------
     def read_marker(self) -> Marker | None:
-        """The marker with its manifest, None if there is none; MarkerError if untrustworthy."""
+        """The commit marker with its manifest, None if there is none; MarkerError if it
+        cannot be trusted.
+
+        Beside a marker of kind "object" (or one that cannot be read), the object is
+        stat-ed: if it carries a durable record in its own metadata (`atomic_write` in one
+        request), that record is returned instead (a Marker of kind "object"), since it
+        supersedes the marker. With no marker at all the object is not stat-ed (a cache
+        miss must not pay for it): `status().marker` gives such an object's record.
+        """
+        return self._read_record(look=False)[0]
+
+    def _read_record(self, *, look: bool = True) -> tuple[Marker | None, ObjectInfo | None,
+                                                           bool]:
+        """(record, the object's stat, whether the object was stat-ed) of the entry.
+
+        The object is stat-ed (on adapters with ``object_records``) when its own metadata
+        could decide: beside a marker of kind "object", beside a marker that cannot be
+        read, and (``look``) where there is no marker at all. A marker of kind "prefix"
+        decides alone.
+        """
+        error: MarkerError | None = None
+        try:
+            marker = self._read_sidecar()
+        except MarkerError as exc:
+            marker, error = None, exc
+        if self.adapter.capabilities.object_records and (
+                error is not None or (marker.kind == "object" if marker else look)):
+            info = self.adapter.info(self.path)
+            own = Marker.from_metadata(info.record if info else None, self.url)
+            if own is not None:
+                return own, info, True
+            if error is None:
+                return marker, info, True
+        if error is not None:
+            raise error
+        return marker, None, False
+
+    def _read_sidecar(self) -> Marker | None:
+        """The commit marker beside the entry with its manifest, None if there is none."""
         where = self.adapter.url(self.layout.marker)
         try:
             data = self.adapter.read(self.layout.marker, limit=MAX_MARKER_BYTES)
@@ -186,22 +228,60 @@ class Entry:
             # answers "no marker, no writer" (on S3, 1 LIST instead of a GET of the marker
             # and a HEAD + LIST of the records). Readers, who expect COMPLETE, read the
             # marker first instead.
-            records = self.adapter.list(self.layout.records)
+            # On a store across a network the entry's data is asked for at the same time:
+            # one round trip, not two (a request wasted only where a marker is found,
+            # which a writer does not expect). Local disk and memory answer in
+            # microseconds: a thread would cost more than it saves.
+            data: bool | None = None
+            if set(self.adapter.protocols) & _IN_PROCESS:
+                records = self.adapter.list(self.layout.records)
+            else:
+                with ThreadPoolExecutor(1) as pool:
+                    present = pool.submit(self.adapter.exists, self.path)
+                    records = self.adapter.list(self.layout.records)
+                    data = present.result()
             if MARKER_NAME not in records:
-                return self._status_unmarked(leased, records)
-        marker = self.read_marker()
+                return self._status_unmarked(leased, records, present=data)
+        marker, info, looked = self._read_record()
         if marker is not None:
+            if looked and marker.kind == "object":
+                return self._object_status(marker, info)
             missing = self._data_missing(marker)
             if missing is None:
                 return Status(State.COMPLETE, f"committed at {marker.committed_at} by attempt "
                                               f"{marker.attempt}", marker)
             return Status(State.INCOMPLETE, f"marker present but data gone: {missing}", marker)
-        return self._status_unmarked(leased)
+        if looked and info is not None:
+            return Status(State.INCOMPLETE, "data present but no commit marker")
+        return self._status_unmarked(leased, stat_taken=looked)
 
-    def _status_unmarked(self, leased: bool,
-                         records: dict[str, ObjectInfo] | None = None) -> Status:
-        """The state of an entry with no marker; ``records``: its records dir, if listed."""
-        if self.adapter.exists(self.path):
+    def _object_status(self, marker: Marker, info: ObjectInfo | None) -> Status:
+        """A single object's state from its record and the stat taken with it."""
+        assert marker.manifest is not None
+        want = marker.manifest.objects[""].size
+        where = ("in the object's own metadata" if info is not None
+                 and carries_record(info.record) else "by its marker")
+        if info is None:
+            return Status(State.INCOMPLETE, f"marker present but data gone: {self.url} is "
+                                            "recorded but missing", marker)
+        if info.size != want:
+            return Status(State.INCOMPLETE, f"{self.url} is {info.size} bytes, the record "
+                                            f"{where} says {want}", marker)
+        return Status(State.COMPLETE, f"committed at {marker.committed_at} by attempt "
+                                      f"{marker.attempt} (recorded {where})", marker)
+
+    def _status_unmarked(self, leased: bool, records: dict[str, ObjectInfo] | None = None,
+                         *, stat_taken: bool = False, present: bool | None = None) -> Status:
+        """The state of an entry with no marker; ``records``: its records dir, if listed;
+        ``stat_taken``: the object was stat-ed already (and is not there); ``present``:
+        whether the entry has data, if asked already."""
+        if present if present is not None else self.adapter.exists(self.path):
+            if self.adapter.capabilities.object_records and not stat_taken:
+                # A listing shows no metadata: an object carrying its own record is COMPLETE.
+                info = self.adapter.info(self.path)
+                own = Marker.from_metadata(info.record if info else None, self.url)
+                if own is not None:
+                    return self._object_status(own, info)
             return Status(State.INCOMPLETE, "data present but no commit marker")
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
         if records is None:
@@ -238,14 +318,18 @@ class Entry:
         Raises IntegrityError listing every mismatch (object, expected, found) unless
         ``raise_errors=False``; IncompleteError if there is no marker at all.
         """
-        marker = self.read_marker()
+        marker, info, looked = self._read_record()
         if marker is None:
             st = self.status()
             raise IncompleteError(f"{self.url} is {st.state}: {st.reason}; nothing to verify",
                                   url=self.url, state=st.state)
         assert marker.manifest is not None
         report = VerifyReport(self.url, deep)
-        listing = self._listing(marker)
+        if looked and marker.kind == "object":
+            # The stat that carried (or was checked for) the record: the version verified.
+            listing = {"": info} if info is not None else {}
+        else:
+            listing = self._listing(marker)
         to_read: list[tuple[str, ObjectInfo, ObjectRecord]] = []
         for key, rec in sorted(marker.manifest.objects.items()):
             path = self._object_path(key, marker)
@@ -463,8 +547,13 @@ class Entry:
         # One listing of the records: another writer's marker (fail before any work; the
         # create-only marker write below is what decides a race) and this attempt's
         # fragments, merged and then removed with the attempt record.
-        in_records = (writer._records_listing if writer._records_listing is not None
-                      else self.adapter.list(self.layout.records))
+        in_records = writer._records_listing
+        if in_records is None:
+            # A writer with no fragments lists only to fail early: where the store enforces
+            # create-only, the marker write decides the race alone (AlreadyCompleteError,
+            # and the loser removes nothing: the marker is there), one request less.
+            early_only = not writer._fragments and self.adapter.capabilities.create_only
+            in_records = {} if early_only else self.adapter.list(self.layout.records)
         if MARKER_NAME in in_records:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url)
@@ -593,6 +682,7 @@ class EntryWriter:
         self._lease: Lease | None = None
         self._listing: dict[str, ObjectInfo] | None = None
         self._records_listing: dict[str, ObjectInfo] | None = None
+        self._fragments = True
         self._spent: list[str] = []
         self.fs = RecordingFileSystem(self)
 
@@ -639,7 +729,8 @@ class EntryWriter:
                 self._versions[key] = version
 
     def use_listing(self, listing: dict[str, ObjectInfo] | None = None, *,
-                    records: dict[str, ObjectInfo] | None = None) -> None:
+                    records: dict[str, ObjectInfo] | None = None,
+                    fragments: bool = True) -> None:
         """Hand the commit listings taken after the last write finished, so it need not
         list again: ``listing`` of the entry, ``records`` of its records dir (relative
         keys, as `Adapter.list` gives them).
@@ -649,11 +740,17 @@ class EntryWriter:
         afterwards discards the entry's listing. The records listing serves to fail early
         on another writer's marker (the create-only marker write decides) and to find the
         fragments of this attempt, all flushed before it was taken.
+
+        ``fragments=False``: the caller vouches that no process records fragments for
+        this attempt (it never hands the attempt out). On a store that enforces
+        create-only, the commit then does not list the records at all.
         """
         if listing is not None:
             self._listing = dict(listing)
         if records is not None:
             self._records_listing = dict(records)
+        if not fragments:
+            self._fragments = False
 
     def remove_when_done(self, paths: list[str]) -> None:
         """Records of this attempt (paths in the records dir) that have served their

@@ -10,8 +10,10 @@ must read data (a deep verify, an adoption).
   TRUSTS what it adopts: whole or not, the bytes there now become the committed entry
   (incident 001's push plan: run it only while nothing writes the root).
 - `plan_clean` / `apply_clean`: find, then remove, what dead durable writers left behind.
-  An entry with a commit marker is never a candidate, and each candidate's state is checked
-  again, marker first, right before anything of it is removed.
+  An entry with a commit marker is never a candidate, nor one holding an object that carries
+  its own record in its metadata (S3: a HEAD per object of each entry about to be removed,
+  since listings show no metadata), and each candidate's state is checked again, marker
+  first, right before anything of it is removed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from durable._errors import (
     IncompleteError,
     IncompleteExistsError,
 )
-from durable._protocol import RECORDS_DIR, Marker, ObjectRecord
+from durable._protocol import RECORDS_DIR, Marker, ObjectRecord, carries_record
 from durable._scan import (
     LEASE_NAME,
     AgeClock,
@@ -46,8 +48,8 @@ from durable.adapters import ObjectInfo
 from durable.adapters.base import Upload
 
 __all__ = ["TRUST", "AdoptReport", "Adoption", "CleanItem", "CleanReport", "RootVerifyReport",
-           "Skipped", "Ticker", "apply_clean", "fmt_age", "mark_complete_root", "plan_clean",
-           "verify_root"]
+           "Skipped", "Ticker", "apply_clean", "fmt_age", "mark_complete_root", "own_records",
+           "plan_clean", "verify_root"]
 
 #: (what is being done, done, total or None)
 Ticker = Callable[[str, int, int | None], None]
@@ -57,6 +59,8 @@ _WORKERS = 16
 TRUST = ("mark-complete TRUSTS what it adopts: each entry is recorded as whole exactly as "
          "it is now, and a partial one becomes COMPLETE. Run it only while nothing writes "
          "under the root (stop every writer first), and delete any entry you doubt.")
+_OWN_RECORD = ("one object carrying its commit record in its own metadata (written by "
+               "atomic_write in one request): COMPLETE, never a leftover")
 #: How durable starts every multipart upload (durable.adapters.s3): recognisably ours.
 DURABLE_UPLOAD_CHECKSUM = "CRC32C"
 
@@ -84,6 +88,49 @@ def _holders(sv: Survey) -> set[str]:
     return out
 
 
+def _heads(sv: Survey, paths: list[str], workers: int) -> list[str | None]:
+    """For each object of ``paths``: why it must not be deleted as a leftover (it carries
+    a durable record in its own metadata: COMPLETE, or loud if hostile; or it could not be
+    stat-ed: unknown is kept), else None. All None, and nothing asked, on adapters without
+    ``object_records``: their listings show every record (a sidecar marker).
+
+    One HEAD per object, in parallel: a listing never shows user metadata, so without this
+    an object committed by `atomic_write` inside a dead writer's entry went with it.
+    """
+    if not paths or not sv.adapter.capabilities.object_records:
+        return [None] * len(paths)
+
+    def head(path: str) -> str | None:
+        try:
+            info = sv.adapter.info(path)
+        except (DurableError, OSError) as exc:
+            return (f"could not be stat-ed to see whether it carries its own commit record "
+                    f"({type(exc).__name__}: {exc}): kept")
+        return _OWN_RECORD if info is not None and carries_record(info.record) else None
+
+    with ThreadPoolExecutor(max(1, min(workers, len(paths)))) as pool:
+        return list(pool.map(head, paths))
+
+
+def _recorded_in(sv: Survey, path: str, objects: list[str],
+                 why: list[str | None]) -> str | None:
+    """Why the entry at ``path`` is kept, from `_heads` of its ``objects``; None if not."""
+    for obj, reason in zip(objects, why, strict=True):
+        if reason is not None:
+            return reason if obj == path else f"it holds {sv.adapter.url(obj)}: {reason}"
+    return None
+
+
+def _carries_own_record(sv: Survey, key: str) -> bool:
+    """Whether the entry at ``key`` is one object carrying a durable record in its own
+    metadata: COMPLETE (or, if the record is hostile, loud) however its records look. A
+    listing shows no metadata, so this costs a stat, only on adapters that keep them."""
+    if key not in sv.listing or not sv.adapter.capabilities.object_records:
+        return False
+    info = sv.adapter.info(sv.entry_path(key))
+    return info is not None and carries_record(info.record)
+
+
 def _committed_owner(sv: Survey, key: str) -> str | None:
     """A marked entry other than ``key`` whose data or records hold ``key``."""
     for owner in sv.owners(key):
@@ -107,17 +154,36 @@ class RootVerifyReport:
         return all(r.ok for r in self.reports)
 
 
+def own_records(sv: Survey, *, workers: int = _WORKERS,
+                progress: Ticker | None = None) -> dict[str, Records]:
+    """The records of the unmarked entries that are one object (on adapters with
+    ``object_records``: one HEAD each, in parallel; its record may be in its metadata)."""
+    if not sv.adapter.capabilities.object_records:
+        return {}
+    keys = sorted(k for k, f in sv.entries.items() if f.marker is None and k in sv.listing)
+    return read_records(sv, keys, workers=workers, progress=_tick(progress, "reading markers"))
+
+
 def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
-                progress: Ticker | None = None) -> RootVerifyReport:
+                progress: Ticker | None = None,
+                records: dict[str, Records] | None = None) -> RootVerifyReport:
     """Check every entry with a marker under the surveyed root against its manifest.
 
     Sizes come from the survey's listing (no request per object); with ``deep`` every
     object is read and its CRC32C compared, all entries' objects in one pool. An unreadable
-    marker is a problem of its entry ("unreadable"), never a reason to stop.
+    marker is a problem of its entry ("unreadable"), never a reason to stop. ``records``:
+    what `own_records` read already (not read again).
     """
-    marked = sorted(k for k, f in sv.entries.items() if f.marker is not None)
-    records = read_records(sv, marked, workers=workers,
-                           progress=_tick(progress, "reading markers"))
+    # Single objects with no marker may carry their record in their own metadata.
+    own = sv.adapter.capabilities.object_records
+    candidates = sorted(k for k, f in sv.entries.items()
+                        if f.marker is not None or (own and k in sv.listing))
+    given = records or {}
+    records = {**given, **read_records(sv, [k for k in candidates if k not in given],
+                                       workers=workers,
+                                       progress=_tick(progress, "reading markers"))}
+    marked = [k for k in candidates
+              if sv.entries[k].marker is not None or records[k].marker is not None]
     reports: list[VerifyReport] = []
     to_read: list[tuple[VerifyReport, str, ObjectInfo, ObjectRecord]] = []
     for key in marked:
@@ -125,7 +191,8 @@ def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
         reports.append(report)
         marker = records[key].marker
         if not isinstance(marker, Marker):
-            where = sv.adapter.url(sv.layout(key).marker)
+            where = (sv.adapter.url(sv.layout(key).marker) if sv.entries[key].marker
+                     is not None else sv.url(key))  # the object's own metadata record
             report.problems.append(Problem("", where, "unreadable",
                                            found=marker or "gone since it was listed"))
             continue
@@ -156,8 +223,9 @@ def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
     for r in reports:
         # Same order as Entry.verify: the manifest's objects by key, then the unexpected.
         r.problems.sort(key=lambda p: (p.issue == "unexpected", p.key))
+    verified = set(marked)
     not_verified = [Skipped(sv.url(k), _no_marker_reason(f))
-                    for k, f in sorted(sv.entries.items()) if f.marker is None]
+                    for k, f in sorted(sv.entries.items()) if k not in verified]
     return RootVerifyReport(sv.adapter.url(sv.path), deep, reports, not_verified)
 
 
@@ -258,6 +326,8 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
                                         "`durable status`"))
         elif not f.objects:
             skipped.append(Skipped(url, "no data"))
+        elif _carries_own_record(sv, key):
+            skipped.append(Skipped(url, _OWN_RECORD))
         else:
             adoptions.append(Adoption(url, "planned", "unmarked data, no durable records",
                                       f.objects, f.size, key))
@@ -410,7 +480,10 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     ``all_uploads``). Never a candidate: an
     entry with a marker or anything inside one, data with no durable records (data written
     before durable: `mark_complete_root` adopts it), anything of an entry whose lease is
-    live or cannot be judged.
+    live or cannot be judged, an entry holding an object that carries its own commit record
+    (on adapters with ``object_records``, S3: one HEAD per object of each entry about to be
+    planned, in parallel, and again right before it is removed; a listing shows no
+    metadata).
 
     Ages are read from the store's clock where the adapter can read it (`Adapter.now`):
     an entry's from its attempt records' modification times. Elsewhere, or with
@@ -472,12 +545,27 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             return f"{what} {fmt_age(age)} ago: younger than --older-than"
         return None
 
+    candidates: list[tuple[str, float | None, str | None, AgeClock | None]] = []
     for key in sorted(started):
         f, url = sv.entries[key], sv.url(key)
         age, source, whose = age_of(f, records[key])
         why = (blocked(sv.owners(key))
                or ("it holds other entries" if key in holders else None)
                or old(age, f"last {source} ({whose}'s clock)" if source else "written"))
+        if why is not None:
+            kept.append(Skipped(url, why))
+            continue
+        candidates.append((key, age, source, whose))
+    # Stale records beside (or around) objects committed in one request: never their data.
+    # (One pool over the objects of every candidate: an entry of 10,000 objects is not
+    # stat-ed one at a time.)
+    objects = {key: [i.path for i in sv.data(key).values()] for key, *_ in candidates}
+    paths = [p for ps in objects.values() for p in ps]
+    found = dict(zip(paths, _heads(sv, paths, workers), strict=True))
+    for key, age, source, whose in candidates:
+        f, url = sv.entries[key], sv.url(key)
+        why = _recorded_in(sv, sv.entry_path(key), objects[key],
+                           [found[p] for p in objects[key]])
         if why is not None:
             kept.append(Skipped(url, why))
             continue
@@ -541,9 +629,11 @@ def apply_clean(sv: Survey, report: CleanReport, *, workers: int = _WORKERS,
     report.apply = True
     planned = [i for i in report.items if i.status == "planned"]
 
+    inner = max(1, workers // max(1, min(workers, len(planned))))
+
     def one(item: CleanItem) -> None:
         try:
-            _remove(sv, item)
+            _remove(sv, item, inner)
         except (DurableError, OSError, ValueError) as exc:
             item.status, item.detail = "failed", f"{type(exc).__name__}: {exc}"
 
@@ -555,7 +645,7 @@ def apply_clean(sv: Survey, report: CleanReport, *, workers: int = _WORKERS,
     return report
 
 
-def _remove(sv: Survey, item: CleanItem) -> None:
+def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     a = sv.adapter
     if item.kind == "upload":
         assert item.upload is not None
@@ -586,8 +676,23 @@ def _remove(sv: Survey, item: CleanItem) -> None:
         if a.exists(path):
             item.status, item.detail = "skipped", "data appeared since the plan"
             return
-    elif a.info(path) is not None:
+    elif (single := a.info(path)) is not None:
+        if carries_record(single.record):
+            # Committed since the plan by a write that carries its record in its metadata.
+            item.status, item.detail = "skipped", _OWN_RECORD
+            return
         a.delete([path])
+    elif a.capabilities.object_records:
+        # Checked again, each object as it is now: one committed (in one request) inside
+        # the entry since the plan keeps the whole entry. Only the objects checked are
+        # deleted, never a prefix: one written after this check is left alone.
+        paths = [i.path for i in a.list(path).values()]
+        why = _recorded_in(sv, path, paths, _heads(sv, paths, workers))
+        if why is not None:
+            item.status, item.detail = "skipped", f"checked again: {why}"
+            return
+        if paths:
+            a.delete(paths)
     else:
         a.delete_prefix(path)
     if a.info(layout.marker) is not None:

@@ -15,6 +15,11 @@ Layout, for an entry at ``PARENT/NAME`` (a directory/prefix, or a single object)
     PARENT/.durable/NAME/fragments/<attempt>/...
                                          what other processes of one write recorded
 
+A single object published by one request (an S3 PutObject) carries its record in its own
+metadata instead (`Marker.to_metadata`): data and record land together, and such an object
+is judged by that record, never by a marker beside it (docs/protocol.md, "Records in
+object metadata").
+
 The records sit beside the entry, not inside it: zarr-python warns about every object
 inside a group that is not a zarr node, so a marker inside a zarr store would make every
 `xarray.open_zarr` of a committed entry warn. The leading dot keeps pyarrow/dask dataset
@@ -27,6 +32,7 @@ import datetime as _dt
 import enum
 import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterator, Mapping
@@ -47,8 +53,10 @@ __all__ = [
     "Marker",
     "ObjectRecord",
     "State",
+    "carries_record",
     "check_key",
     "new_attempt_id",
+    "record_fields",
 ]
 
 FORMAT = "durable.commit"
@@ -63,6 +71,39 @@ MAX_MANIFEST_BYTES = 1024 * 1024 * 1024
 INLINE_MANIFEST_OBJECTS = 10_000
 
 Kind = Literal["prefix", "object"]
+
+# The record of a single object published by one request travels in that object's own
+# metadata (S3 x-amz-meta-*): one PUT commits data and record together. Keys as S3 and GCS
+# spell them; an adapter whose store forbids "-" in names maps them (Azure: "_").
+META_PREFIX = "durable-"
+META_VERSION = "durable-version"
+META_SIZE = "durable-size"
+META_CRC32C = "durable-crc32c"
+META_ATTEMPT = "durable-attempt"
+META_COMMITTED_AT = "durable-committed-at"
+META_KEYS = (META_VERSION, META_SIZE, META_CRC32C, META_ATTEMPT, META_COMMITTED_AT)
+# Metadata is read before anything in it is trusted: a hostile value must not make a reader
+# parse megabytes or take a 40-digit size for a length.
+_META_VALUE_MAX = 64
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+_MAX_OBJECT_SIZE = 2**63 - 1
+
+
+def record_fields(metadata: Mapping[str, object] | None) -> dict[str, str]:
+    """The ``durable-*`` entries of an object's user metadata (keys lowercased), as an
+    adapter puts them in `ObjectInfo.record`."""
+    out: dict[str, str] = {}
+    for key, value in (metadata or {}).items():
+        low = str(key).lower()
+        if low.startswith(META_PREFIX):
+            out[low] = value if isinstance(value, str) else repr(value)
+    return out
+
+
+def carries_record(fields: Mapping[str, str] | None) -> bool:
+    """Whether metadata fields hold a durable record (valid or not): such an object is
+    judged by it, never by a sidecar marker, and never deleted as a leftover."""
+    return fields is not None and any(k in fields for k in META_KEYS)
 
 
 class State(enum.Enum):
@@ -277,6 +318,60 @@ class Marker:
                               url=where)
         return cls(kind=kind, attempt=attempt, committed_at=committed_at, manifest=manifest,
                    manifest_ref=ref, writer=writer, version=version)
+
+    def to_metadata(self) -> dict[str, str]:
+        """The record of a single-object entry as object metadata (see `from_metadata`)."""
+        assert self.kind == "object" and self.manifest is not None
+        rec = self.manifest.objects[""]
+        return {META_VERSION: str(self.version), META_SIZE: str(rec.size),
+                META_CRC32C: crc_to_hex(rec.crc32c), META_ATTEMPT: self.attempt,
+                META_COMMITTED_AT: self.committed_at}
+
+    @classmethod
+    def from_metadata(cls, fields: Mapping[str, str] | None, where: str) -> Marker | None:
+        """The record an object carries in its own metadata; None if it carries none.
+
+        Valid only as a whole, like a marker: a field missing, too long, not a number, a
+        CRC32C that is not 8 hex digits, a size beyond any object, a format version this
+        durable does not read: MarkerError naming the object. Never partly trusted.
+        """
+        if not carries_record(fields):
+            return None
+        assert fields is not None
+        for key in META_KEYS:
+            value = fields.get(key)
+            if not isinstance(value, str) or not value or len(value) > _META_VALUE_MAX:
+                raise MarkerError(f"{where}: metadata record field {key} is "
+                                  f"{'missing' if value is None else repr(value)[:80]}; "
+                                  "expected all of " + ", ".join(META_KEYS), url=where,
+                                  expected=key, found=value)
+        version_text = fields[META_VERSION]
+        if not _DECIMAL.fullmatch(version_text) or int(version_text) < 1:
+            raise MarkerError(f"{where}: metadata record format version {version_text!r:.40} "
+                              "is not a positive integer", url=where, found=version_text)
+        version = int(version_text)
+        if version > FORMAT_VERSION:
+            raise MarkerError(
+                f"{where}: metadata record format version {version} is newer than this "
+                f"durable ({__version__}) reads (up to {FORMAT_VERSION}); upgrade durable-io",
+                url=where, expected=FORMAT_VERSION, found=version)
+        size_text = fields[META_SIZE]
+        if not _DECIMAL.fullmatch(size_text) or int(size_text) > _MAX_OBJECT_SIZE:
+            raise MarkerError(f"{where}: metadata record size {size_text!r:.40} is not a "
+                              f"decimal byte count up to {_MAX_OBJECT_SIZE}", url=where,
+                              found=size_text)
+        try:
+            crc = crc_from_hex(fields[META_CRC32C])
+        except ValueError as exc:
+            raise MarkerError(f"{where}: metadata record: {exc}", url=where,
+                              found=fields[META_CRC32C]) from None
+        attempt = fields[META_ATTEMPT]
+        if not attempt.isascii() or not attempt.isalnum():
+            raise MarkerError(f"{where}: metadata record attempt id {attempt!r:.80} is not "
+                              "alphanumeric", url=where, found=attempt)
+        return cls(kind="object", attempt=attempt, committed_at=fields[META_COMMITTED_AT],
+                   manifest=Manifest({"": ObjectRecord(int(size_text), crc)}),
+                   version=version)
 
     def with_external_manifest(self, data: bytes, where: str) -> Marker:
         """Attach the external manifest after checking it is the one the marker names."""

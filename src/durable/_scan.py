@@ -4,12 +4,21 @@ Built for object stores, where a request costs more than the bytes it carries: O
 recursive listing of the root, then small reads of records only (in a thread pool): the
 marker of each marked entry, the attempt records of each unmarked entry a durable writer
 started, and each lease file the listing shows. Sizes and ages of objects come from the
-listing; no object is stat-ed or read on its own, so the requests grow with listing pages
-and entries, never with the objects inside the entries.
+listing; no object inside an entry is stat-ed or read, so the requests grow with listing
+pages and entries, never with the objects inside the entries.
+
+Records in object metadata (S3: `atomic_write` in one request): a listing does not show
+user metadata, so an unmarked entry that is ONE object is stat-ed (one HEAD per such entry,
+on adapters with ``object_records``) and, if it carries a record, judged by it. An object
+that lies deeper, inside an unmarked directory, is not an entry of its own to a scan: it is
+counted as data of that directory's entry, whatever its metadata says (docs/protocol.md).
+A marker of kind "object" is read with the object's stat as well (`Entry.read_marker`):
+an object carrying its own record supersedes it.
 
 How entries are found in the listing (keys relative to the root):
 
 - ``D/.durable/NAME/commit.json``        a commit marker: entry ``D/NAME``
+- ``D/NAME``, one object, no marker      an entry if its metadata carries a record
 - ``D/.durable/NAME/attempts/<id>.json`` a writer started on ``D/NAME``
 - ``D/.durable/NAME/lease.json``         a writer's lease on ``D/NAME``
 - any other key in ``D/.durable/NAME/``  records of ``D/NAME`` (an external manifest)
@@ -267,6 +276,7 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
     """Read what the records of the entries ``keys`` say: the marker (if ``markers``), or
     for an unmarked entry its attempt records, and its lease file. One small GET each."""
     jobs: list[tuple[str, str, str]] = []  # (entry key, what, path)
+    own = sv.adapter.capabilities.object_records
     for key in keys:
         f = sv.entries[key]
         layout = sv.layout(key)
@@ -274,6 +284,10 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
             if markers:
                 jobs.append((key, "marker", layout.marker))
         else:
+            if markers and own and key in sv.listing:
+                # One object, no marker: its record may be in its own metadata, which a
+                # listing does not show (one stat per such entry, never per object).
+                jobs.append((key, "own", sv.entry_path(key)))
             jobs += [(key, "attempt", layout.attempt_record(n.removesuffix(".json")))
                      for n in sorted(f.attempts)]
         if f.lease is not None:
@@ -284,19 +298,26 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
 
     def read(job: tuple[str, str, str]) -> Any:
         key, what, path = job
-        if what == "marker":
-            try:
+        try:
+            if what == "marker":
                 return Entry(sv.entry_path(key), adapter=sv.adapter).read_marker()
-            except (DurableError, OSError) as exc:
-                # One unreadable or corrupt marker must not hide every other entry.
-                return f"{type(exc).__name__}: {exc}"
+            if what == "own":
+                info = sv.adapter.info(path)
+                return Marker.from_metadata(info.record if info else None, sv.url(key))
+        except (DurableError, OSError) as exc:
+            # One unreadable or corrupt record must not hide every other entry.
+            return f"{type(exc).__name__}: {exc}"
         return _read_json(sv.adapter, path)
 
     with ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
         for n, (job, result) in enumerate(zip(jobs, pool.map(read, jobs), strict=True), 1):
             key, what, path = job
             rec = out[key]
-            if what == "marker":
+            if what == "own":
+                # None: a plain object (data written before durable), no record to keep.
+                if result is not None:
+                    rec.marker = result
+            elif what == "marker":
                 rec.marker = result
             elif what == "attempt":
                 started = _epoch(result[0].get("started_at")) if result[0] else None
@@ -475,6 +496,8 @@ def _row(sv: Survey, key: str, f: EntryFound, rec: Records, now: float) -> ScanR
         return ScanRow(url, incomplete, reason, f.objects, f.size, marker.attempt,
                        marker.committed_at, **extra)
     reason = f"committed at {marker.committed_at} by attempt {marker.attempt}"
+    if f.marker is None:
+        reason += " (recorded in the object's own metadata)"
     surplus = f.objects - total
     if surplus > 0:
         reason += f"; {surplus} objects not in the manifest"

@@ -16,7 +16,7 @@ from durable._checksum import Checksum, crc_to_hex
 from durable._checksum import crc32c as crc32c_of
 from durable._entry import Entry
 from durable._errors import IncompleteError, IntegrityError
-from durable._protocol import RECORDS_DIR, ObjectRecord, State
+from durable._protocol import RECORDS_DIR, Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters._ranged import seek_position
 
@@ -33,16 +33,40 @@ class Recorded:
     entry: str
 
 
-def find_record(adapter: Adapter, path: str) -> Recorded | None:
-    """The manifest record of ``path``: as a single-object entry, or inside the nearest
-    enclosing entry (walking up at most 32 levels, one marker read per level)."""
+def own_record(adapter: Adapter, path: str, info: ObjectInfo | None) -> Recorded | None:
+    """The record the object carries in its own metadata (as ``info`` read it), if any;
+    MarkerError naming the object if that record cannot be trusted."""
+    url = adapter.url(path)
+    marker = Marker.from_metadata(info.record if info is not None else None, url)
+    if marker is None:
+        return None
+    assert marker.manifest is not None
+    return Recorded(marker.manifest.objects[""], url)
+
+
+def find_record(adapter: Adapter, path: str, info: ObjectInfo | None = None, *,
+                stat_taken: bool = False) -> Recorded | None:
+    """The record of ``path``: the one in its own metadata, else its commit marker as a
+    single-object entry, else its line in the manifest of the nearest enclosing entry
+    (walking up at most 32 levels, one marker read per level).
+
+    ``info``: a stat (or GET) of the object just taken, its metadata included
+    (``stat_taken``: that stat was taken, and None means absent); without one, adapters
+    that keep records in metadata stat the object first.
+    """
     path = path.rstrip("/")
+    if info is None and not stat_taken and adapter.capabilities.object_records:
+        info = adapter.info(path)
+    own = own_record(adapter, path, info)
+    if own is not None:
+        # Precedence: a marker beside (or a manifest around) the object is superseded.
+        return own
     root, key = path, ""
     for _ in range(_MAX_DEPTH):
         if "/" not in root.strip("/") or root.rpartition("/")[2] == RECORDS_DIR:
             return None
         entry = Entry(root, adapter=adapter)
-        marker = entry.read_marker()
+        marker = entry._read_sidecar()
         if marker is not None:
             assert marker.manifest is not None
             if marker.kind == "object":
@@ -64,10 +88,13 @@ def find_record(adapter: Adapter, path: str) -> Recorded | None:
 
 
 def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
-              require_record: bool) -> tuple[int | None, int | None]:
+              require_record: bool, info: ObjectInfo | None = None, *,
+              stat_taken: bool = False) -> tuple[int | None, int | None]:
+    """What the object is checked against: the sizes given, else its record (``info``,
+    ``stat_taken``: as `find_record` takes them)."""
     if size is not None or crc32c is not None:
         return size, crc32c
-    found = find_record(adapter, path)
+    found = find_record(adapter, path, info, stat_taken=stat_taken)
     if found is None:
         if require_record:
             raise IncompleteError(
@@ -85,30 +112,38 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
                   require_record: bool = True) -> bytes:
     """The whole object, only if its length and CRC32C match the record.
 
-    The record is the object's commit marker (or its entry's manifest), unless
-    ``expected_size``/``expected_crc32c`` are given. Without either: IncompleteError,
-    unless ``require_record=False``, in which case only the length the store declares is
-    checked against the bytes that arrive.
+    The record is the one in the object's own metadata, else its commit marker (or its
+    entry's manifest), unless ``expected_size``/``expected_crc32c`` are given. Without
+    either: IncompleteError, unless ``require_record=False``, in which case only the length
+    the store declares is checked against the bytes that arrive.
     """
     adapter, path = resolve(url, storage_options)
-    size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record)
     where = adapter.url(path)
-    # One whole read (on S3 one GET, not a HEAD and a GET), its body checked against the
-    # length the store declared by the adapter; the limit refuses a larger object before
-    # its body is taken in.
+    # One GET first where the store keeps records in metadata (S3): its headers carry the
+    # object's size and record; only an object without one costs the marker reads. Other
+    # stores: the record first, so that nothing is opened on a marker's word unchecked.
+    first = adapter.capabilities.object_records
+    opened = adapter.open_whole(path) if first else None
     try:
-        data = adapter.read(path, limit=size)
-    except ValueError:
-        # Larger than recorded (only now is one more request worth it, to say how large).
-        info = adapter.info(path)
-        found: int | str = info.size if info is not None else f"more than {size}"
-        raise IntegrityError(f"{where}: recorded with {size} bytes, the store says {found}",
-                             url=where, expected=size, found=found) from None
-    if data is None:
-        if size is not None:
-            raise IntegrityError(f"{where}: recorded with {size} bytes but missing",
-                                 url=where, expected=size, found="missing")
-        raise FileNotFoundError(where)
+        size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record,
+                              opened[0] if opened is not None else None, stat_taken=first)
+        if not first:
+            opened = adapter.open_whole(path)
+        if opened is None:
+            if size is not None:
+                raise IntegrityError(f"{where}: recorded with {size} bytes but missing",
+                                     url=where, expected=size, found="missing")
+            raise FileNotFoundError(where)
+        info, f = opened
+        if size is not None and info.size != size:
+            # Refused before the body is taken in: no short, long or error body is read.
+            raise IntegrityError(f"{where}: recorded with {size} bytes, the store says "
+                                 f"{info.size}", url=where, expected=size, found=info.size)
+        # The reader hands out exactly info.size bytes or raises (a short body).
+        data = f.read()
+    finally:
+        if opened is not None:
+            opened[1].close()
     if size is not None and len(data) != size:
         raise IntegrityError(f"{where}: recorded with {size} bytes, the store has "
                              f"{len(data)}", url=where, expected=size, found=len(data))
@@ -135,14 +170,18 @@ def open_verified(url: str, mode: str = "rb", *,
     if mode not in ("rb", "r"):
         raise ValueError(f"open_verified reads bytes: mode must be 'rb', got {mode!r}")
     adapter, path = resolve(url, storage_options)
-    size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record)
-    return open_verified_path(adapter, path, size, crc)
+    info = adapter.info(path)  # carries the object's own record, where it has one
+    size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record,
+                          info, stat_taken=True)
+    return open_verified_path(adapter, path, size, crc, info=info, stat_taken=True)
 
 
 def open_verified_path(adapter: Adapter, path: str, size: int | None,
-                       crc32c: int | None) -> BinaryIO:
+                       crc32c: int | None, *, info: ObjectInfo | None = None,
+                       stat_taken: bool = False) -> BinaryIO:
     url = adapter.url(path)
-    info = adapter.info(path)
+    if not stat_taken:
+        info = adapter.info(path)
     if info is None:
         if size is not None:
             raise IntegrityError(f"{url}: recorded with {size} bytes but missing", url=url,

@@ -6,6 +6,15 @@ forgotten. Metadata documents go to a staging area beside the entry and are read
 first, so the writer and the other processes of the same write see them and plain readers
 do not; `WritingStore.publish` copies them into the entry at commit.
 
+Requests on an object store, besides one PUT per chunk: three to start (`Entry.writing`),
+a PUT of each metadata document into staging and one into the entry, a LIST of the
+records and one of the entry at publish (the commit reuses both), the marker and one
+DeleteObjects; for one array 9, against plain zarr's 3 (a HEAD and a LIST looking for an
+existing node, the PUT). The looks cost nothing here: the coordinator of a fresh write
+keeps what it staged and answers metadata reads from it until it hands the store to
+another process; and publishing skips the GET of a staged document still listed with the
+ETag its own PUT got.
+
 Records go to the `EntryWriter` in the coordinating process; a store unpickled in another
 process (a dask worker) records into that process's manifest fragment instead.
 """
@@ -24,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.sync import sync
-from zarr.storage import LocalStore, WrapperStore
+from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter
@@ -32,6 +41,7 @@ from durable._errors import AlreadyCompleteError
 from durable._fragments import FragmentRecorder
 from durable._protocol import MARKER_NAME
 from durable._zarr_reading import get_whole, inner_store
+from durable.adapters import ObjectInfo
 
 if TYPE_CHECKING:
     from zarr.abc.buffer import Buffer
@@ -125,6 +135,53 @@ async def _crc(value: Buffer) -> tuple[int, int]:
     return view.nbytes, crc32c(view)
 
 
+class _Staged:
+    """The metadata documents a write staged through one store and its clones.
+
+    ``docs``: key -> (bytes, the ETag the store answered the PUT with, if any); a staged
+    object listed with that ETag holds exactly these bytes, so publishing needs no GET of
+    it. ``complete``: these are all the metadata documents of the write, so metadata reads
+    are answered from here with no request. True only for the coordinator's store of a
+    fresh write (`coordinating`: the entry and its staging area held no metadata when the
+    block started) and only until a copy of the store is pickled: another process may
+    stage documents of its own. A staging request that fails ends it too (whether it
+    landed is unknown).
+    """
+
+    __slots__ = ("complete", "docs")
+
+    def __init__(self, complete: bool) -> None:
+        self.docs: dict[str, tuple[bytes, str | None]] = {}
+        self.complete = complete
+
+    def forget(self, prefix: str) -> None:
+        """Drop the documents at or below ``prefix`` ("" for all)."""
+        head = prefix.rstrip("/")
+        for key in [k for k in self.docs if not head or k == head or k.startswith(f"{head}/")]:
+            del self.docs[key]
+
+
+async def _put(store: Store, key: str, data: bytes) -> str | None:
+    """Write ``data`` at ``key`` of ``store``; the ETag the store answered, if it gave one."""
+    if isinstance(store, FsspecStore):
+        store._check_writable()
+        root = store.path.rstrip("/")
+        # fsspec's own call rather than FsspecStore.set, which drops the store's answer.
+        answer = await store.fs._pipe_file(f"{root}/{key}" if root else key, data)
+        tag = answer.get("ETag") if isinstance(answer, dict) else None
+        return _tag(tag)
+    from zarr.core.buffer import default_buffer_prototype
+
+    await store.set(key, default_buffer_prototype().buffer.from_bytes(data))
+    return None
+
+
+def _tag(raw: object) -> str | None:
+    """An ETag without its quotes (listings and PUT answers may quote it differently)."""
+    text = raw.strip().strip('"') if isinstance(raw, str) else ""
+    return text or None
+
+
 async def _union(*iterators: AsyncIterator[str]) -> AsyncIterator[str]:
     seen: set[str] = set()
     for it in iterators:
@@ -144,7 +201,8 @@ class WritingStore(WrapperStore[Store]):
 
     def __init__(self, url: str, *, attempt: str, storage_options: Mapping[str, Any] | None,
                  recorder: Recorder | None = None, read_only: bool = False,
-                 _stores: tuple[Store, Store] | None = None) -> None:
+                 _stores: tuple[Store, Store] | None = None,
+                 _staged: _Staged | None = None) -> None:
         self._url = url
         self._attempt = attempt
         self._storage_options = dict(storage_options or {})
@@ -156,12 +214,13 @@ class WritingStore(WrapperStore[Store]):
         super().__init__(_stores[0])
         self._staging = _stores[1]
         self._recorder = recorder or _recorder_for(url, self._storage_options, attempt)
+        self._staged = _staged or _Staged(complete=False)
 
     # identity, pickling ------------------------------------------------------------------
     def _clone(self, data: Store, staging: Store) -> WritingStore:
         return type(self)(self._url, attempt=self._attempt,
                           storage_options=self._storage_options, recorder=self._recorder,
-                          _stores=(data, staging))
+                          _stores=(data, staging), _staged=self._staged)
 
     def _with_store(self, store: Store) -> WritingStore:
         return self._clone(store, self._staging)
@@ -173,6 +232,8 @@ class WritingStore(WrapperStore[Store]):
         return self._clone(self._store.with_read_only(read_only), self._staging)
 
     def __getstate__(self) -> dict[str, Any]:
+        # Handed to another process, which may stage metadata this one must then read.
+        self._staged.complete = False
         return {"url": self._url, "attempt": self._attempt, "read_only": self.read_only,
                 "storage_options": self._storage_options}
 
@@ -221,7 +282,7 @@ class WritingStore(WrapperStore[Store]):
     async def set(self, key: str, value: Buffer) -> None:
         self._check_open()
         if is_metadata(key):
-            await self._staging.set(key, value)
+            await self._stage(key, value.to_bytes())
             return
         size, crc = await _crc(value)
         await self._store.set(key, value)
@@ -240,7 +301,9 @@ class WritingStore(WrapperStore[Store]):
         # zarr deletes chunks equal to the fill value and chunks a resize cut off.
         self._check_open()
         if is_metadata(key):
-            await self._staging.delete(key)
+            with self._staging_changes(key):
+                await self._staging.delete(key)
+            self._staged.forget(key)
         await self._store.delete(key)
         self._recorder.forget(key)
 
@@ -248,9 +311,28 @@ class WritingStore(WrapperStore[Store]):
         self._check_open()
         keys = [k async for k in self._store.list_prefix(prefix)]
         await self._store.delete_dir(prefix)
-        await self._staging.delete_dir(prefix)
+        with self._staging_changes(prefix):
+            await self._staging.delete_dir(prefix)
+        self._staged.forget(prefix)
         for key in keys:
             self._recorder.forget(key)
+
+    async def _stage(self, key: str, data: bytes) -> None:
+        with self._staging_changes(key):
+            tag = await _put(self._staging, key, data)
+        self._staged.docs[key] = (data, tag)
+
+    @contextlib.contextmanager
+    def _staging_changes(self, prefix: str) -> Iterator[None]:
+        """Around a change of the staged documents at or below ``prefix``: if it fails, it
+        may or may not have landed, so what is held of them is dropped and metadata reads
+        go back to asking staging (`_Staged.complete` ends)."""
+        try:
+            yield
+        except BaseException:
+            self._staged.complete = False
+            self._staged.forget(prefix)
+            raise
 
     async def clear(self) -> None:
         await self.delete_dir("")
@@ -258,6 +340,11 @@ class WritingStore(WrapperStore[Store]):
     # reads: staged metadata first ----------------------------------------------------------
     async def get(self, key: str, prototype: BufferPrototype,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
+        if is_metadata(key) and byte_range is None and self._staged.complete:
+            # Every metadata document of this write is held here (see _Staged): what is
+            # not held is in neither staging nor the entry.
+            held = self._staged.docs.get(key)
+            return None if held is None else prototype.buffer.from_bytes(held[0])
         if is_metadata(key) and byte_range is None:
             staged = await get_whole(self._staging, key, prototype)
             return staged if staged is not None else await get_whole(self._store, key,
@@ -282,6 +369,8 @@ class WritingStore(WrapperStore[Store]):
     async def exists(self, key: str) -> bool:
         if not is_metadata(key):
             return await self._store.exists(key)
+        if self._staged.complete:
+            return key in self._staged.docs
         # Both places at once, and by GET: a metadata document is small, and an object
         # store's "exists" of a missing key is a HEAD and a LIST.
         from zarr.core.buffer import default_buffer_prototype
@@ -333,14 +422,37 @@ class WritingStore(WrapperStore[Store]):
             self._recorder.flush()
 
     async def _publish(self, entry: Entry, writer: EntryWriter | None) -> tuple[str, ...]:
+        # On an object store the entry is listed meanwhile, for the commit: every chunk is
+        # written by now, and what publishing adds is known from its own PUTs. The commit
+        # then makes no request before the marker; its listing is older by the publish
+        # (a PUT or two), a window of the same kind as the one between a commit's own
+        # listing and its marker.
+        hand_over = writer is not None and not isinstance(self._store, LocalStore)
+        listing = (asyncio.ensure_future(asyncio.to_thread(entry.adapter.list, entry.path))
+                   if hand_over else None)
+        try:
+            # One listing of the records: another writer's marker, and what is staged. The
+            # commit reuses it (the workers' fragments were all flushed before it was
+            # taken).
+            records = await asyncio.to_thread(entry.adapter.list, entry.layout.records)
+            if writer is not None:
+                writer.use_listing(records=records)
+            keys, published = await self._copy_staged(entry, records)
+            if writer is not None and listing is not None:
+                # Listed before or after they landed, the documents are what their PUTs say.
+                writer.use_listing({**await listing, **published})
+        except BaseException:
+            if listing is not None:
+                await asyncio.gather(listing, return_exceptions=True)  # not left running
+            raise
+        return keys
+
+    async def _copy_staged(self, entry: Entry, records: dict[str, ObjectInfo]
+                           ) -> tuple[tuple[str, ...], dict[str, ObjectInfo]]:
+        """Publish the documents ``records`` lists as staged: (their keys, what was put)."""
         from zarr.core.buffer import default_buffer_prototype
 
         proto = default_buffer_prototype()
-        # One listing of the records: another writer's marker, and what is staged. The
-        # commit reuses it (the workers' fragments were all flushed before it was taken).
-        records = await asyncio.to_thread(entry.adapter.list, entry.layout.records)
-        if writer is not None:
-            writer.use_listing(records=records)
         keys = [k[len(STAGING) + 1:] for k in records
                 if k.startswith(f"{STAGING}/") and is_metadata(k)]
         if MARKER_NAME in records:
@@ -352,24 +464,36 @@ class WritingStore(WrapperStore[Store]):
                                     [f"{entry.layout.records}/{STAGING}/{k}" for k in keys])
             raise AlreadyCompleteError(f"{entry.url}: another writer committed this entry "
                                        "first", url=entry.url)
-        docs = dict(zip(keys, await asyncio.gather(*(get_whole(self._staging, k, proto)
-                                                     for k in keys)), strict=True))
+
+        async def staged(key: str) -> bytes | None:
+            held = self._staged.docs.get(key)
+            listed = _tag(records[f"{STAGING}/{key}"].version)
+            if held is not None and held[1] is not None and held[1] == listed:
+                # Listed with the ETag our own PUT was answered with: these very bytes.
+                return held[0]
+            # Staged by another process, or rewritten since: what is there now counts.
+            buf = await get_whole(self._staging, key, proto)
+            return None if buf is None else buf.to_bytes()
+
+        docs = dict(zip(keys, await asyncio.gather(*(staged(k) for k in keys)), strict=True))
         tiers: dict[tuple[int, int], list[str]] = {}
         for key in keys:
             tiers.setdefault(_publish_tier(key), []).append(key)
+        published: dict[str, ObjectInfo] = {}
 
         async def copy(key: str) -> None:
-            buf = docs[key]
-            if buf is None:
+            data = docs[key]
+            if data is None:
                 return  # gone since it was listed: a racing writer published it
-            size, crc = await _crc(buf)
-            await self._store.set(key, buf)
+            size, crc = await _crc(proto.buffer.from_bytes(data))
+            await _put(self._store, key, data)
             self._recorder.record(key, size, crc)
+            published[key] = ObjectInfo(f"{entry.path}/{key}", size)
 
         for tier in sorted(tiers):
             # One tier at a time: a node's document appears only after its children's.
             await asyncio.gather(*(copy(k) for k in tiers[tier]))
-        return tuple(keys)
+        return tuple(keys), published
 
     def hide_metadata(self) -> None:
         """Move metadata already in the entry (an update, a resume) back into staging.
@@ -390,7 +514,7 @@ class WritingStore(WrapperStore[Store]):
             if await get_whole(self._staging, key, proto) is None:
                 buf = await get_whole(self._store, key, proto)
                 if buf is not None:
-                    await self._staging.set(key, buf)
+                    await self._stage(key, buf.to_bytes())
         # Root first: the whole hierarchy disappears for plain readers at the first delete.
         for key in sorted(keys, key=_publish_tier, reverse=True):
             await self._store.delete(key)
@@ -399,15 +523,22 @@ class WritingStore(WrapperStore[Store]):
 
 @contextlib.contextmanager
 def coordinating(entry: Entry, writer: EntryWriter, *,
-                 storage_options: dict[str, Any] | None, hide: bool) -> Iterator[WritingStore]:
+                 storage_options: dict[str, Any] | None, hide: bool,
+                 fresh: bool = False) -> Iterator[WritingStore]:
     """The coordinator's store for ``writer``; on clean exit, workers flushed and published.
 
     ``hide``: move metadata already in the entry (an update, a resume) back to staging.
+    ``fresh``: the writer started on an entry with no data and no records (neither a
+    resume nor an update: `Entry.writing` refuses anything else, or clears it for
+    ``overwrite=True``), so the store answers metadata reads from what it staged itself
+    until it is pickled (see `_Staged`): zarr's and xarray's looks for existing nodes cost
+    no request.
     """
     _WRITERS[writer.attempt] = writer
     try:
         store = WritingStore(entry.url, attempt=writer.attempt,
-                             storage_options=storage_options, recorder=writer)
+                             storage_options=storage_options, recorder=writer,
+                             _staged=_Staged(complete=fresh))
         if writer._baseline:
             # Updating a COMPLETE entry: anything staged is a leftover of a writer that
             # lost a race (or was killed after another committed), older than the

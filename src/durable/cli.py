@@ -139,11 +139,12 @@ from durable._ops import (
     apply_clean,
     fmt_age,
     mark_complete_root,
+    own_records,
     plan_clean,
     verify_root,
 )
 from durable._protocol import RECORDS_DIR, Layout, State
-from durable._scan import ScanRow, Survey, scan_survey, survey
+from durable._scan import Records, ScanRow, Survey, scan_survey, survey
 from durable._version import __version__
 from durable.adapters import Adapter, resolve
 
@@ -418,9 +419,10 @@ _WORKERS = click.option("--workers", type=click.IntRange(1, 256), default=16,
                         show_default=True, help="Requests in flight at once.")
 
 
-def _root_or_entry(ctx: click.Context, url: str) -> Survey | None:
+def _root_or_entry(ctx: click.Context, url: str) -> tuple[Survey, dict[str, Records]] | None:
     """A survey of URL if it is a root (durable records below it, no marker of its own),
-    or None if URL is to be verified as one entry (with a marker, or none anywhere)."""
+    with the records already read; or None if URL is to be verified as one entry (with a
+    marker, or none anywhere)."""
     adapter, path = _resolve(ctx, url, "URL")
     try:
         layout: Layout | None = Layout(path)
@@ -429,9 +431,18 @@ def _root_or_entry(ctx: click.Context, url: str) -> Survey | None:
     if layout is not None and adapter.info(layout.marker) is not None:
         return None
     listing = adapter.list(path)
-    if layout is not None and not any(RECORDS_DIR in k.split("/")[:-1] for k in listing):
+    if layout is None or any(RECORDS_DIR in k.split("/")[:-1] for k in listing):
+        return survey(adapter, path, listing=listing), {}
+    if not listing or not adapter.capabilities.object_records:
         return None  # no entry below: URL is an entry that is INCOMPLETE or ABSENT
-    return survey(adapter, path, listing=listing)
+    # No sidecar records below, but objects right under URL may carry their own record in
+    # their metadata (atomic_write on S3), which a listing does not show: then URL is a
+    # root of such entries, not one INCOMPLETE entry (one HEAD per such object, reused).
+    sv = survey(adapter, path, listing=listing)
+    records = own_records(sv)
+    if not any(r.marker is not None for r in records.values()):
+        return None
+    return sv, records
 
 
 @cli.command()
@@ -448,12 +459,15 @@ def verify(ctx: click.Context, url: str, deep: bool, as_json: bool, workers: int
     URL is one entry when it has a commit marker, or when no durable records lie below
     it (then it is INCOMPLETE or ABSENT: exit 3 or 4). Otherwise it is a ROOT, and every
     entry under it with a marker is verified, in parallel; entries without one are listed
-    as not verified. Every mismatch is listed by object, with what the manifest expected
-    and what was found; any mismatch exits 5.
+    as not verified. On S3, an object right under URL may carry its record in its own
+    metadata (atomic_write), which no listing shows: with no records below, each such
+    object is stat-ed (one HEAD each) and one carrying a record makes URL a ROOT. Every
+    mismatch is listed by object, with what the manifest expected and what was found; any
+    mismatch exits 5.
     """
-    sv = _root_or_entry(ctx, url)
-    if sv is not None:
-        _verify_root(ctx, sv, deep, as_json, workers)
+    root = _root_or_entry(ctx, url)
+    if root is not None:
+        _verify_root(ctx, *root, deep, as_json, workers)
     entry = _entry(ctx, url)
     try:
         with _progress(not as_json, f"verifying {entry.url}", bar=False):
@@ -496,10 +510,10 @@ def root_verify_doc(report: RootVerifyReport) -> dict[str, Any]:
             "not_verified": [asdict(n) for n in report.not_verified]}
 
 
-def _verify_root(ctx: click.Context, sv: Survey, deep: bool, as_json: bool,
-                 workers: int) -> NoReturn:
+def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], deep: bool,
+                 as_json: bool, workers: int) -> NoReturn:
     with _ticking(not as_json, f"verifying {sv.adapter.url(sv.path)}") as tick:
-        report = verify_root(sv, deep=deep, workers=workers, progress=tick)
+        report = verify_root(sv, deep=deep, workers=workers, progress=tick, records=records)
     doc = root_verify_doc(report)
     if as_json:
         _emit_json(doc)
@@ -713,11 +727,14 @@ def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
       only (GCS resumable sessions cannot be listed; GCS drops them after a week).
 
     It never touches an entry with a commit marker, nor anything inside one, nor data with
-    no durable records (data written before durable: see mark-complete). Each entry is
-    checked again right before it is removed: a marker, or records changed since the plan
-    (a writer at work), and it is left alone. Leases are judged by watching them: list,
-    wait their stale_after (at most --lease-wait), list again; a lease whose version did
-    not change is stale. Without --apply it is a dry run.
+    no durable records (data written before durable: see mark-complete), nor an entry
+    holding an object that carries its own commit record in its metadata (S3: one HEAD per
+    object of each entry about to be removed, at the plan and again before removal, since
+    listings show no metadata). Each entry is checked again right before it is removed: a
+    marker, or records changed since the plan (a writer at work), and it is left alone.
+    Leases are judged by watching them: list, wait their stale_after (at most
+    --lease-wait), list again; a lease whose version did not change is stale. Without
+    --apply it is a dry run.
     """
     adapter, path = _resolve(ctx, root)
     with _ticking(not as_json, f"listing {root}") as tick:

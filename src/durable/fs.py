@@ -25,10 +25,14 @@ What it guarantees, per object:
   partial object there). Leaving ``with fs.open(...)`` by an exception, ``discard()``,
   and garbage collection of an unclosed file publish nothing; ``commit()`` publishes
   explicitly. StopIteration in flight does not count as a failure.
-- **Recorded.** Each object's size and CRC32C, computed as the bytes stream past, go into
-  a single-object commit marker (``PARENT/.durable/NAME/commit.json``), exactly as
-  `durable.atomic_write` writes it; the old marker is removed before new bytes are
-  published, so a crash in between leaves no record over the wrong bytes.
+- **Recorded.** Each object's size and CRC32C, computed as the bytes stream past, are
+  recorded exactly as `durable.atomic_write` records them: where one request publishes
+  the object (an S3 PutObject, up to the adapter's part size) in the object's own metadata,
+  in that same request (no marker request at all); elsewhere (local disk, memory, a
+  multipart upload) in a single-object commit marker (``PARENT/.durable/NAME/commit.json``)
+  written after the object, the old marker removed before new bytes are published, so a
+  crash in between leaves no record over the wrong bytes (docs/protocol.md, "Records in
+  object metadata").
 - **Verified reads.** ``open(..., "rb")``, ``cat_file`` and everything built on them
   check the bytes against the record when there is one (a whole-object CRC32C check
   before the first byte of a random-access read, as `durable.open_verified` does), and
@@ -302,13 +306,20 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def _publish(self, raw: AtomicFile, layout: Layout, create_only: bool) -> ObjectInfo:
         adapter, path = self.adapter, layout.path
-        if not create_only:
+        record = ObjectRecord(raw.checksum.size, raw.checksum.crc)
+        marker = Marker.new("object", new_attempt_id(), Manifest({"": record}))
+        own = None
+        if raw.carries_record:
+            # Data and record in one request (as atomic_write): an object carrying its own
+            # record is never judged by a marker beside it, so none is removed first.
+            own = marker.to_metadata()
+        elif not create_only:
             # The old record goes before the new bytes: a crash in between leaves an
             # object without a record (INCOMPLETE), never an old record over new bytes.
             # (A create-only write keeps it: if the object exists the commit fails, and
             # the existing object must keep its record.)
             adapter.delete([layout.marker])
-        info = raw.commit()
+        info = raw.commit(record=own)
         try:
             adapter.verify_written(path, raw.checksum, self.verify or adapter.default_verify)
         except IntegrityError:
@@ -316,9 +327,9 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             with contextlib.suppress(OSError):
                 adapter.delete([path])
             raise
-        record = ObjectRecord(raw.checksum.size, raw.checksum.crc)
-        marker = Marker.new("object", new_attempt_id(), Manifest({"": record}))
-        adapter.put(layout.marker, marker.encode()[0])
+        if info.record is None:
+            # Not carried by the object (local disk, a multipart upload): the marker, last.
+            adapter.put(layout.marker, marker.encode()[0])
         return info
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite",
@@ -354,11 +365,11 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
     def _open_read(self, path: str) -> DurableReadFile:
         adapter = self.adapter
         url = self.unstrip_protocol(path)
-        found = find_record(adapter, path)
+        info = adapter.info(path)
+        found = find_record(adapter, path, info, stat_taken=True)
         size = crc = None
         if found is not None:
             size, crc = found.record.size, found.record.crc32c
-        info = adapter.info(path)
         if info is None:
             if size is not None:
                 raise IntegrityError(f"{url}: recorded with {size} bytes but missing",

@@ -33,8 +33,9 @@ every read. Opt out with ``checksum_codec=False``. An object that ends with the 
 the bytes before it has a whole-object CRC32C that is always ``0x48674bc7`` (the CRC-32C
 residue), so the manifest records such chunks from the listing's sizes alone, without
 reading anything back: a chunk damaged before the commit then fails deep verification
-instead of being blessed by a checksum of the damaged bytes. Other objects (metadata,
-shards, chunks without the codec) are read back once at commit.
+instead of being blessed by a checksum of the damaged bytes. A new array's zarr.json is
+put by the writer itself (create-only) and recorded as it is written; other objects
+(metadata rewritten since, shards, chunks without the codec) are read back once at commit.
 
 ``memory://`` URLs name tensorstore's in-memory kvstore (one per process, shared by every
 call here), not fsspec's memory filesystem, which tensorstore cannot reach; use
@@ -95,6 +96,13 @@ log = logging.getLogger(__name__)
 _SHARD_READERS = 8  # shard indexes read at once at commit (small ranged reads)
 _MAX_METADATA = 64 * 1024 * 1024  # a zarr.json is read whole at commit
 _LOCK_SUFFIX = ".__lock"  # tensorstore's file driver writes KEY.__lock, then renames it
+# Options that change what a create means (an existing array replaced or opened, metadata
+# not to be written, writes held in a transaction until the block ends): given at all, even
+# False, tensorstore's own create runs, so the writer's open never receives them twice.
+_CREATE_ELSEWHERE = ("open", "delete_existing", "assume_metadata", "assume_cached_metadata",
+                     "transaction")
+# The metadata document of an array, by driver: the one `open` reads and checks itself.
+_METADATA = {"zarr3": "zarr.json", "zarr": ".zarray"}
 _WARNED: set[str] = set()  # endpoints whose unusable ETags a writer was warned about
 
 
@@ -111,6 +119,8 @@ class TensorStoreWriter:
         self._writer = writer
         self._pending: list[Any] = []
         self._transactions: list[ts.Transaction] = []
+        # zarr.json keys this writer created -> (the bytes, their version as written)
+        self._created: dict[str, tuple[bytes, str | None]] = {}
 
     def open(self, path: str = "", *, checksum_codec: bool = True,
              spec: dict[str, Any] | None = None, **kwargs: Any) -> ts.TensorStore:
@@ -137,7 +147,46 @@ class TensorStoreWriter:
             kwargs["kvstore"] = kv
         if kwargs.get("transaction") is not None:
             self._transactions.append(kwargs["transaction"])
+        # Only zarr3 writes zarr.json (zarr v2 writes .zarray: the document read back would
+        # be empty); the spec's JSON takes the open modes too ("create", "open", ...).
+        if (kwargs.get("create") and full["driver"] == "zarr3"
+                and not any(k in kwargs for k in _CREATE_ELSEWHERE)
+                and not any(k in full for k in ("create", *_CREATE_ELSEWHERE))):
+            return self._create(path, full, kwargs)
         return ts.open(full, context=self.context, **kwargs).result()
+
+    def _create(self, path: str, full: dict[str, Any], kwargs: dict[str, Any],
+                ) -> ts.TensorStore:
+        """A new array whose zarr.json this writer puts itself, create-only.
+
+        tensorstore's own create costs three requests on S3 (a GET and a HEAD that find
+        nothing, the conditional PUT) and the commit a fourth to read the document back
+        for its CRC32C. Here tensorstore encodes the document on a memory kvstore (the
+        exact bytes its create would write), the writer puts it (one create-only PUT,
+        recorded as it streams) and tensorstore opens the array assuming that metadata,
+        reading it only where an operation needs it fresh (a resize).
+        """
+        rest = {k: v for k, v in kwargs.items() if k not in ("create", "kvstore")}
+        draft = ts.open({**full, "kvstore": {"driver": "memory"}}, context=ts.Context(),
+                        create=True, **rest).result()
+        assert draft.kvstore is not None  # a zarr3 array always has one
+        data = bytes(draft.kvstore.read("zarr.json").result().value)
+        key = f"{path.strip('/')}/zarr.json".lstrip("/")
+        url = self.entry.adapter.url(f"{self.entry.path}/{key}")
+        exists = ValueError(f"ALREADY_EXISTS: {url}: an array exists there; pass "
+                            "open=True to open it")  # as tensorstore's create says
+        if key in self._writer.records():
+            raise exists  # created in this block: known without asking the store
+        try:
+            with self._writer.open(key, create_only=True) as f:
+                f.write(data)
+        except FileExistsError:
+            raise exists from None
+        self._created[key] = (data, f.info.version if f.info is not None else None)
+        if "kvstore" in kwargs:
+            rest["kvstore"] = kwargs["kvstore"]
+        return ts.open({**full, "metadata": json.loads(data)}, context=self.context,
+                       open=True, assume_cached_metadata=True, **rest).result()
 
     def _creates(self, path: str, kwargs: dict[str, Any]) -> bool:
         if kwargs.get("delete_existing") or (kwargs.get("create") and not kwargs.get("open")):
@@ -176,15 +225,19 @@ class TensorStoreWriter:
             adapter.delete(locks)
             listing = {k: i for k, i in listing.items() if not k.endswith(_LOCK_SUFFIX)}
         # Taken after every write finished: the commit checks against it, not a new one.
-        writer.use_listing(listing)
+        # No fragments: the attempt is never handed to another process here.
+        writer.use_listing(listing, fragments=False)
         codewords: list[re.Pattern[str]] = []  # chunks of arrays whose last codec is crc32c
         sharded: list[tuple[re.Pattern[str], tuple[int, bool]]] = []  # shards, their layout
         for key, info in listing.items():
             if key.rpartition("/")[2] != "zarr.json":
                 continue
-            # Through tensorstore's client (cheap); if it changed since the listing, the
-            # commit sees another version there and checks the record against its bytes.
-            data = self._place.read(info.path, self.context, _MAX_METADATA)
+            data, version = self._created.get(key, (None, None))
+            if data is None or version is None or version != info.version:
+                # Not written here, or rewritten since (a resize keeps its size): read
+                # through tensorstore's client (cheap); if it changed since the listing,
+                # the commit sees another version there and checks the record against it.
+                data = self._place.read(info.path, self.context, _MAX_METADATA)
             if data is None or len(data) != info.size:
                 raise IntegrityError(
                     f"{adapter.url(info.path)}: listed with {info.size} bytes, read "
@@ -352,6 +405,55 @@ def _attempt_now(place: Place, context: ts.Context) -> str | None:
     return attempt if attempt is None or isinstance(attempt, str) else "(a bad marker)"
 
 
+def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
+              wanted: Any) -> dict[str, Any]:
+    """The array's metadata document ``key`` as commit ``marker`` recorded it.
+
+    Read once here and checked against the manifest (size and CRC32C): a document
+    rewritten after the commit with the same size (a fill_value changed by another tool)
+    passes the listing's size check, and tensorstore would read the array through it.
+    ``wanted``: the caller's spec "metadata", each member of which must be the document's.
+    """
+    entry = place.entry
+    assert marker.manifest is not None
+    where = f"{entry.path.rstrip('/')}/{key}"
+    url = entry.adapter.url(where)
+    rec = marker.manifest.objects.get(key)
+    if rec is None:
+        raise ValueError(f"NOT_FOUND: {url}: commit {marker.attempt} of {entry.url} has no "
+                         "array there")
+    data = place.read(where, context, _MAX_METADATA)
+    found = None if data is None else (len(data), crc32c(data))
+    if found != (rec.size, rec.crc32c):
+        after = _attempt_now(place, context)
+        if after != marker.attempt:  # a rewrite began after the marker was read
+            raise _rewritten(entry, marker, after)
+        raise IntegrityError(
+            f"{url}: expected {rec.size} bytes with crc32c {rec.crc32c:08x} (commit "
+            f"{marker.attempt}), found " + ("nothing" if found is None else
+                                           f"{found[0]} bytes with crc32c {found[1]:08x}"),
+            url=url, expected=(rec.size, rec.crc32c), found=found)
+    assert data is not None
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise ValueError(f"{url}: not a JSON metadata document: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{url}: not a JSON metadata document: {type(doc).__name__}")
+    for name, value in (wanted or {}).items():
+        if doc.get(name) != value:
+            raise ValueError(f"{url}: metadata {name!r} is {doc.get(name)!r}, the spec asks "
+                             f"for {value!r}")
+    return doc
+
+
+def _rewritten(entry: Entry, marker: Marker, after: str | None) -> IncompleteError:
+    return IncompleteError(
+        f"{entry.url} was rewritten while it was being opened (commit {marker.attempt} "
+        f"verified, {'no commit' if after is None else 'commit ' + after} after the "
+        "open); open it again", url=entry.url, state=State.INCOMPLETE)
+
+
 def _private(context: ts.Context) -> ts.Context:
     """A child of ``context`` with a cache pool of its own (same size as the shared one)."""
     pool: Any = {}
@@ -377,6 +479,11 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
     serves the rest from the cache. A handle reads the entry as committed when it was
     opened: open again after the next commit. ``kwargs`` go to `tensorstore.open`; a
     ``recheck_cached_*`` given there is used where it is stricter.
+
+    The array's metadata document (zarr.json, or .zarray for ``spec={"driver": "zarr"}``)
+    is read here and checked against the manifest's size and CRC32C (IntegrityError naming
+    it otherwise), then handed to tensorstore, which reads no metadata itself; a
+    ``metadata`` in ``spec`` must agree with it member by member.
 
     On a store whose versions tensorstore cannot revalidate with (see
     `UnusableETagError`), the handle gets a cache of its own and no revalidation, or
@@ -421,6 +528,15 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
             full["kvstore"] = kv
         else:
             kwargs["kvstore"] = kv
+        doc = _METADATA.get(full["driver"])
+        if doc is not None:
+            # tensorstore reads no metadata: it is handed the document checked against
+            # the manifest, so the handle is of this commit's metadata, whatever a rewrite
+            # begun meanwhile has put there (no stale or foreign metadata, no extra GET).
+            key = f"{path.strip('/')}/{doc}".lstrip("/")
+            full["metadata"] = _metadata(place, ctx, marker, key, full.get("metadata"))
+            kwargs.pop("assume_cached_metadata", None)
+            kwargs.update(open=True, assume_metadata=True)
         opening = ts.open(full, context=ctx, read=True, write=False, **recheck, **kwargs)
         try:
             # The handle is handed over only once both are done.
@@ -433,13 +549,13 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
             opening.cancel()
             raise
         store = opening.result()
+    if doc is not None:
+        return store
+    # Another driver: tensorstore read its metadata. A rewrite removes the marker before
+    # it changes anything, and a marker never comes back: the same commit's marker after
+    # the open means no rewrite started before it, so that metadata is this commit's (the
+    # listing, taken beside the first read, cannot say so: one GET more per such open).
     after = _attempt_now(place, ctx)
-    # A rewrite removes the marker before it changes anything, and a marker never comes
-    # back: the same commit's marker after the open means no rewrite started before it,
-    # so the metadata tensorstore read is this commit's.
     if after != marker.attempt:
-        raise IncompleteError(
-            f"{entry.url} was rewritten while it was being opened (commit {marker.attempt} "
-            f"verified, {'no commit' if after is None else 'commit ' + after} after the "
-            "open); open it again", url=entry.url, state=State.INCOMPLETE)
+        raise _rewritten(entry, marker, after)
     return store

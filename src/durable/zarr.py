@@ -54,7 +54,8 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     entry = Entry(url, storage_options=storage_options)
     with entry.writing(overwrite=overwrite, resume=resume, update=update,
                        unrecorded=unrecorded) as writer, coordinating(
-            entry, writer, storage_options=storage_options, hide=resume or update) as store:
+            entry, writer, storage_options=storage_options, hide=resume or update,
+            fresh=not (resume or update)) as store:
         yield store
 
 

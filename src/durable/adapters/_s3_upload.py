@@ -122,9 +122,17 @@ class S3AtomicFile(AtomicFile):
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"],
                             "ChecksumCRC32C": crc_to_b64(crc)})
 
+    @property
+    def carries_record(self) -> bool:
+        # One PutObject publishes bytes and metadata at once; a multipart upload's metadata
+        # is fixed at its start, before the size and CRC32C are known.
+        return self._upload_id is None
+
     def _commit(self) -> ObjectInfo:
+        record = None
         if self._upload_id is None:
             resp = self._put_object()
+            record = dict(self.record) if self.record is not None else None
             crc = resp.get("ChecksumCRC32C")
             self.checksum.answered = crc if isinstance(crc, str) else None
         else:
@@ -134,11 +142,12 @@ class S3AtomicFile(AtomicFile):
         # verify_written's HEAD judges the ETag the store keeps.
         with contextlib.suppress(IntegrityError):
             self.checksum.etag = etag(resp.get("ETag"), self._url)
-        return ObjectInfo(self.path, self.checksum.size, self.checksum.etag)
+        return ObjectInfo(self.path, self.checksum.size, self.checksum.etag, record=record)
 
     def _put_object(self) -> dict[str, Any]:
         data, self._buf = bytes(self._buf), bytearray()
-        meta: dict[str, Any] = {} if self._token is None else {"Metadata": self._token}
+        metadata = {**(self._token or {}), **(self.record or {})}
+        meta: dict[str, Any] = {"Metadata": metadata} if metadata else {}
         try:
             resp = self._a._call("put_object", self._url, "PutObject",
                                  create_only=self._create_only, Bucket=self._bucket,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar, Literal
 
@@ -39,6 +39,12 @@ class ObjectInfo:
     """When the store last wrote the object (POSIX seconds by the store's clock); None if
     the adapter does not say. Used for ages (`durable scan`, `durable clean`), never to
     pin a read."""
+    record: Mapping[str, str] | None = field(default=None, compare=False)
+    """The ``durable-*`` fields of the object's own metadata (`durable._protocol.
+    record_fields`), where the adapter read them (a stat or a GET of an adapter with
+    ``Capabilities.object_records``); None where it did not (a listing, other adapters).
+    Raw: the core parses them (`Marker.from_metadata`), so a hostile record is refused
+    there, naming the object, and never breaks a stat."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,9 @@ class Capabilities:
     conditional_writes: bool = False
     """`replace_if`/`delete_if` are enforced by the store: of writers racing on one
     version, exactly one succeeds (what leases are fenced with)."""
+    object_records: bool = False
+    """A single object published by one request can carry its durable record in its own
+    metadata (`AtomicFile.carries_record`), and stats return it (`ObjectInfo.record`)."""
 
 
 class VersionMismatchError(OSError):
@@ -107,6 +116,8 @@ class AtomicFile(io.RawIOBase):
         self.checksum = Checksum()
         self.info: ObjectInfo | None = None
         self.on_commit: Callable[[AtomicFile], None] | None = None
+        #: Durable record fields for the object's own metadata, given to `commit`.
+        self.record: Mapping[str, str] | None = None
         self._done = False
 
     # io.RawIOBase plumbing ---------------------------------------------------------------
@@ -124,13 +135,26 @@ class AtomicFile(io.RawIOBase):
         self._write(view)
         return view.nbytes
 
-    def commit(self) -> ObjectInfo:
-        """Publish the object whole; after this it is visible and (per adapter) durable."""
+    @property
+    def carries_record(self) -> bool:
+        """Whether `commit` will publish ``record`` in the object's own metadata, in the
+        same request as its bytes (asked once every byte is written). False here: the
+        caller writes a sidecar marker after the commit instead."""
+        return False
+
+    def commit(self, *, record: Mapping[str, str] | None = None) -> ObjectInfo:
+        """Publish the object whole; after this it is visible and (per adapter) durable.
+
+        ``record``: durable record fields (`Marker.to_metadata`) to publish with the bytes
+        where `carries_record`; the returned info's ``record`` is then what was stored,
+        and None where nothing was (the caller's cue to write a sidecar marker).
+        """
         if self._done:
             if self.info is None:
                 raise ValueError(f"{self.path}: atomic file was aborted")
             return self.info
         self._done = True
+        self.record = record if self.carries_record else None
         try:
             self.info = self._commit()
         except BaseException:
@@ -245,6 +269,14 @@ class Adapter(ABC):
     @abstractmethod
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         """A seekable reader of the object `info` describes; raise if it was replaced."""
+
+    def open_whole(self, path: str) -> tuple[ObjectInfo, BinaryIO] | None:
+        """The object's info (``record`` included where the adapter reads it) and a reader
+        of that version from byte 0; None if absent. S3 answers both with one GET."""
+        info = self.info(path)
+        if info is None:
+            return None
+        return info, self.open_read(path, info)
 
     def read(self, path: str, *, limit: int | None = None) -> bytes | None:
         """The whole object, or None if absent; over ``limit`` bytes raises ValueError."""

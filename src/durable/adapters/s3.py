@@ -40,11 +40,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO, ClassVar
 
+from botocore.utils import parse_timestamp
 from fsspec.asyn import sync
 
 from durable._checksum import Checksum, crc32c, crc_to_b64, crc_to_hex
 from durable._errors import IntegrityError, UnsupportedError
-from durable._protocol import RECORDS_DIR
+from durable._protocol import RECORDS_DIR, record_fields
 from durable.adapters._ranged import PinnedStreamReader
 from durable.adapters._s3_http import (
     BODY_BROKEN,
@@ -91,7 +92,7 @@ class _EndpointCapabilities:
                 atomic_objects=True, create_only=False, durable=True, pinned_reads=True,
                 note="this endpoint ignores If-None-Match (probed): create-only is a HEAD "
                      "before the write, which two racing writers can both pass",
-                conditional_writes=conditional is not False)
+                conditional_writes=conditional is not False, object_records=True)
         note = ("PutObject or a multipart upload completed at commit; CRC32C sent per part "
                 "and per object; reads pinned by If-Match")
         if enforced is None:
@@ -102,7 +103,7 @@ class _EndpointCapabilities:
             note += "; conditional writes by If-Match on PUT and DELETE"
         return Capabilities(atomic_objects=True, create_only=True, durable=True,
                             pinned_reads=True, note=note,
-                            conditional_writes=conditional is not False)
+                            conditional_writes=conditional is not False, object_records=True)
 
 
 # Keys and common prefixes one existence check looks through before it falls back to a
@@ -140,6 +141,7 @@ class S3Adapter(Adapter):
         #: Send ChecksumType=FULL_OBJECT and MpuObjectSize; turn off for a store that
         #: rejects them.
         self.full_object_checksum = full_object_checksum
+        self._fast_session: Any = None
 
     # plumbing -----------------------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, str]:
@@ -302,7 +304,8 @@ class S3Adapter(Adapter):
         except FileNotFoundError:
             return None
         return ObjectInfo(path, int(resp["ContentLength"]), etag(resp.get("ETag"), url),
-                          _timestamp(resp.get("LastModified")))
+                          _timestamp(resp.get("LastModified")),
+                          record_fields(resp.get("Metadata")))
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
         # A console "folder" (an empty object named "dir/") is not data.
@@ -310,6 +313,7 @@ class S3Adapter(Adapter):
                 if not (k.endswith("/") and i.size == 0)}
 
     def _list(self, prefix: str) -> dict[str, ObjectInfo]:
+        self._parse_timestamps_fast()
         bucket, key = self._split(prefix)
         start = key.rstrip("/") + "/" if key else ""
         out: dict[str, ObjectInfo] = {}
@@ -329,6 +333,18 @@ class S3Adapter(Adapter):
                 raise OSError(f"{self.url(prefix)}: truncated listing without a continuation "
                               "token")
             kwargs["ContinuationToken"] = token
+
+    def _parse_timestamps_fast(self) -> None:
+        """botocore parses every listed object's LastModified with dateutil, 57 us each: a
+        commit's listing of 2,000 chunks spent 0.19 s of CPU on it, half the client's time.
+        S3 answers ISO 8601 there, which the stdlib parses in 0.1 us; anything else still
+        goes to botocore's parser. Set once per client session of the filesystem."""
+        if self.fs.session is not None and self._fast_session is self.fs.session:
+            return
+        sync(self.fs.loop, self.fs.set_session)
+        self.fs.session.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=_iso_timestamp)
+        self._fast_session = self.fs.session
 
     def exists(self, path: str) -> bool:
         bucket, key = self._split(path)
@@ -355,8 +371,9 @@ class S3Adapter(Adapter):
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         return self._reader(path, info, None, _READ_BUFFER)
 
-    def read(self, path: str, *, limit: int | None = None) -> bytes | None:
-        """One GET instead of HEAD + GET (markers are read often)."""
+    def open_whole(self, path: str) -> tuple[ObjectInfo, BinaryIO] | None:
+        """One GET: its headers give the info (metadata record included), its body the
+        bytes, checked against the store's CRC32C as they arrive."""
         bucket, key = self._split(path)
         url = self.url(path)
         try:
@@ -364,16 +381,27 @@ class S3Adapter(Adapter):
                               ChecksumMode="ENABLED")
         except FileNotFoundError:
             return None
-        size = int(resp["ContentLength"])
         try:
-            if limit is not None and size > limit:
-                raise ValueError(f"{url} is {size} bytes, over the limit of {limit}")
-            info = ObjectInfo(path, size, etag(resp.get("ETag"), url))
+            info = ObjectInfo(path, int(resp["ContentLength"]), etag(resp.get("ETag"), url),
+                              _timestamp(resp.get("LastModified")),
+                              record_fields(resp.get("Metadata")))
         except BaseException:
             resp["Body"].close()
             raise
         body = S3Body(self.fs.loop, resp["Body"], url)
-        with self._reader(path, info, body, io.DEFAULT_BUFFER_SIZE) as f:
+        return info, self._reader(path, info, body, io.DEFAULT_BUFFER_SIZE)
+
+    def read(self, path: str, *, limit: int | None = None) -> bytes | None:
+        """One GET instead of HEAD + GET (markers are read often)."""
+        opened = self.open_whole(path)
+        if opened is None:
+            return None
+        info, f = opened
+        with f:
+            # Refused before the body is taken in: a hostile size costs no memory.
+            if limit is not None and info.size > limit:
+                raise ValueError(f"{self.url(path)} is {info.size} bytes, over the limit "
+                                 f"of {limit}")
             return f.read()
 
     def _reader(self, path: str, info: ObjectInfo, body: S3Body | None,
@@ -595,6 +623,15 @@ class S3Adapter(Adapter):
         if not self._split(prefix)[1].strip("/"):
             raise ValueError(f"{self.url(prefix)}: refusing to delete a whole bucket")
         self.delete([prefix.rstrip("/"), *(i.path for i in self._list(prefix).values())])
+
+
+def _iso_timestamp(value: str) -> datetime.datetime:
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return parse_timestamp(value)  # type: ignore[no-any-return]
+    # Without a zone botocore assumes local time: leave those to it.
+    return parsed if parsed.tzinfo is not None else parse_timestamp(value)
 
 
 def _timestamp(value: object) -> float | None:
