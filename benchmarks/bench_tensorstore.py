@@ -8,18 +8,25 @@ writes
                   chunk and its directory itself (its default)
 - ts+crc:         the same with the zarr v3 crc32c codec (what durable adds by default)
 - durable:        durable.tensorstore.write: crc32c codec, tensorstore's own fsyncs off,
-                  the commit fsyncs every file and directory once from a thread pool, the
+                  zarr.json put by the writer (create-only, kept: not read back), the
+                  commit fsyncs every file and directory once from a thread pool, the
                   manifest comes from the listing (no chunk read back), then the marker
+                  (create-only: no LIST of the records before it)
 - durable-reread: the same with checksum_codec=False: the commit reads every chunk back
                   to checksum it (what the listing-only manifest saves)
 reads (of one committed entry, each with a fresh Context: nothing cached)
 - ts-read:        ts.open + read
 - durable-read:   durable.tensorstore.open (marker, listing checked against the manifest,
-                  revalidation bound, marker again after the open) + read
+                  zarr.json read and checked against its CRC32C, handed to tensorstore so
+                  it reads no metadata itself, revalidation bound) + read
 
 Target: durable / ts <= 1.05 and durable-read / ts-read <= 1.05.
 
+The large case (``--large``: 8000 x 8000, 1024 chunks, 256 MB) sets durable's fixed cost
+per entry (a few requests, a few files) against an array of realistic size.
+
     python benchmarks/bench_tensorstore.py            # W1, 5 rounds, file and moto
+    python benchmarks/bench_tensorstore.py --large    # 8000 x 8000 -> bench_tensorstore_large
     python benchmarks/bench_tensorstore.py --quick    # 1000 x 1000 (16 chunks), 3 rounds
 """
 
@@ -189,7 +196,9 @@ def bench_target(name: str, root: str, opts: Any, data: Any, chunk: int, rounds:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="1000 x 1000, 3 rounds (CI smoke)")
-    p.add_argument("--side", type=int, help="array side (default 2000, quick 1000)")
+    p.add_argument("--large", action="store_true",
+                   help="8000 x 8000 (1024 chunks, 256 MB), results bench_tensorstore_large")
+    p.add_argument("--side", type=int, help="array side (default 2000, quick 1000, large 8000)")
     p.add_argument("--chunk", type=int, default=250, help="chunk side (default 250)")
     p.add_argument("--rounds", type=int, help="measured rounds (default 5, quick 3)")
     p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default 1)")
@@ -197,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", help="where the file target writes (default: system temp dir)")
     p.add_argument("--out", help="results name (default bench_tensorstore[_quick])")
     args = p.parse_args(argv)
-    side = args.side or (1000 if args.quick else 2000)
+    side = args.side or (1000 if args.quick else 8000 if args.large else 2000)
     rounds = args.rounds or (3 if args.quick else 5)
     data = np.random.default_rng(0).random((side, side), dtype="float32")
     report: dict[str, Any] = {}
@@ -208,13 +217,15 @@ def main(argv: list[str] | None = None) -> int:
                                         args.warmup)
         workdir = places[0][1] if places and places[0][0] == "file" else "."
         info = machine_info(workdir)
-    out = write_results(args.out or ("bench_tensorstore_quick" if args.quick
+    out = write_results(args.out or ("bench_tensorstore_quick" if args.quick else
+                                     "bench_tensorstore_large" if args.large
                                      else "bench_tensorstore"), {
         "benchmark": "bench_tensorstore",
         "machine": info,
         "load": {"before": load_before, "after": load_snapshot()},
         "params": {"side": side, "chunk": args.chunk, "rounds": rounds,
-                   "warmup": args.warmup, "quick": args.quick, "targets": args.targets},
+                   "warmup": args.warmup, "quick": args.quick, "large": args.large,
+                   "targets": args.targets},
         "target": {"ratio": 1.05, "of": ["durable / ts", "durable-read / ts-read"],
                    "below": True},
         "targets": report,
