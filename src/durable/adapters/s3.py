@@ -444,7 +444,7 @@ class S3Adapter(Adapter):
           IntegrityError at every level;
         - otherwise ``"size"`` is a HEAD comparing size, ETag and a stored full-object
           CRC32C, and ``"probe"`` adds a 1-byte GET at the end of every part sent;
-        - ``"full"`` is a HEAD and a read of the whole object.
+        - ``"full"`` is one GET of the whole object (`_read_back`).
 
         A multipart object keeps the HEAD and the probes even when Complete's answer
         carries the FULL_OBJECT CRC32C sent: the store derives that one from the CRC32Cs
@@ -465,6 +465,9 @@ class S3Adapter(Adapter):
                                      f"{sent}", url=url, expected=sent, found=written.answered)
             if level != "full":
                 return
+        if level == "full":
+            self._read_back(path, checksum, written)
+            return
         bucket, key = self._split(path)
         try:
             head = self._call("head_object", url, "HEAD after write", Bucket=bucket, Key=key,
@@ -499,17 +502,33 @@ class S3Adapter(Adapter):
             # One PutObject needs no read: HTTP framing makes it whole or refused, and the
             # store validates the CRC32C sent with it (compared again above). Only
             # multipart objects can lose whole parts behind a full-size HEAD (incident 002).
-        elif level == "full":
+
+    def _read_back(self, path: str, checksum: Checksum,
+                   written: WrittenChecksum | None) -> None:
+        """``verify="full"``: one GET (no HEAD first: its headers say the size and ETag,
+        and every byte is compared, which no stored checksum can add to)."""
+        url = self.url(path)
+        opened = self.open_whole(path)
+        if opened is None:
+            raise IntegrityError(f"{url}: written but not found afterwards", url=url)
+        info, f = opened
+        with f:
+            if written is not None and written.etag is not None and \
+                    written.etag != info.version:
+                raise IntegrityError(f"{url}: the write returned ETag {written.etag}, the "
+                                     f"store now says {info.version} (replaced by another "
+                                     "writer?)", url=url, expected=written.etag,
+                                     found=info.version)
             ck = Checksum()
-            with self.open_read(path, info) as f:
-                while block := f.read(8 * MiB):
-                    ck.update(block)
-            if (ck.size, ck.crc) != (checksum.size, checksum.crc):
-                raise IntegrityError(
-                    f"{url}: read back {ck.size} bytes with CRC32C {crc_to_hex(ck.crc)}, wrote "
-                    f"{checksum.size} with {crc_to_hex(checksum.crc)}", url=url,
-                    expected=(checksum.size, crc_to_hex(checksum.crc)),
-                    found=(ck.size, crc_to_hex(ck.crc)))
+            # One byte past the size: a body longer than the writer sent is caught too.
+            while ck.size <= checksum.size and (block := f.read(8 * MiB)):
+                ck.update(block)
+        if (ck.size, ck.crc) != (checksum.size, checksum.crc):
+            raise IntegrityError(
+                f"{url}: read back {ck.size} bytes with CRC32C {crc_to_hex(ck.crc)}, wrote "
+                f"{checksum.size} with {crc_to_hex(checksum.crc)}", url=url,
+                expected=(checksum.size, crc_to_hex(checksum.crc)),
+                found=(ck.size, crc_to_hex(ck.crc)))
 
     async def _probe_parts(self, info: ObjectInfo, ends: Sequence[tuple[int, int]]) -> None:
         gate = asyncio.Semaphore(_PROBES_IN_FLIGHT)
