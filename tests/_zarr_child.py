@@ -1,6 +1,7 @@
 """A zarr writer in a child process that the tests SIGKILL at chosen points.
 
-Run as ``python _zarr_child.py URL FORMAT HOW`` (HOW: fresh, resume or overwrite; fsspec
+Run as ``python _zarr_child.py URL FORMAT HOW`` (HOW: fresh, resume, overwrite, or
+write: `durable.zarr.write` of the array alone, see `write_once`; fsspec
 storage options as JSON in $DURABLE_TEST_STORAGE_OPTIONS). Inside `durable.zarr.writing`
 it makes a group with one xarray-readable array ``a`` and fills it chunk by chunk. After
 each step it prints the step's name and waits for a line on stdin, so the parent kills it
@@ -87,6 +88,43 @@ def write(url: str, zarr_format: int, how: str, options: dict[str, Any] | None,
     return "committed"
 
 
+class _Paced:
+    """`expected()` as `durable.zarr.write` takes it (NumPy-like), reporting ``chunk I``
+    once chunk I is stored: zarr, limited to one region at a time, asks for region I+1
+    only after storing region I."""
+
+    def __init__(self, step: Callable[[str], None]) -> None:
+        self.data = expected()
+        self.shape, self.dtype, self.ndim = self.data.shape, self.data.dtype, self.data.ndim
+        self._asked = 0
+        self._step = step
+
+    def __getitem__(self, selection: Any) -> Any:
+        if self._asked:
+            self._step(f"chunk {self._asked - 1}")
+        self._asked += 1
+        return self.data[selection]
+
+
+def write_once(url: str, zarr_format: int, options: dict[str, Any] | None,
+               step: Callable[[str], None] = lambda name: None,
+               overwrite: bool = False) -> str:
+    """`durable.zarr.write` of `expected()` (no resume offered: its metadata stays in
+    memory); steps ``chunk 0`` .. ``chunk 10`` (the last chunk is followed by the commit)."""
+    import zarr
+
+    import durable.zarr as dz
+    from durable import AlreadyCompleteError
+
+    try:
+        with zarr.config.set({"async.concurrency": 1}):
+            dz.write(url, _Paced(step), chunks=CHUNKS, zarr_format=zarr_format,
+                     fill_value=0, storage_options=options, overwrite=overwrite)
+    except AlreadyCompleteError:
+        return "lost"
+    return "committed"
+
+
 class ZarrChild:
     """The parent's handle on one child writer."""
 
@@ -125,4 +163,7 @@ class ZarrChild:
 
 if __name__ == "__main__":
     opts = json.loads(os.environ.get(ENV_OPTIONS) or "{}") or None
-    print(write(sys.argv[1], int(sys.argv[2]), sys.argv[3], opts, _step), flush=True)
+    if sys.argv[3] == "write":
+        print(write_once(sys.argv[1], int(sys.argv[2]), opts, _step), flush=True)
+    else:
+        print(write(sys.argv[1], int(sys.argv[2]), sys.argv[3], opts, _step), flush=True)

@@ -59,8 +59,11 @@ class Raw:
             return None
         return data
 
-    def put(self, key: str, data: bytes) -> None:
-        self.client.upload_blob(key, data, overwrite=True)
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
+        self.client.upload_blob(key, data, overwrite=True, metadata=metadata)
+
+    def metadata(self, key: str) -> dict[str, str]:
+        return dict(self.client.get_blob_client(key).get_blob_properties().metadata)
 
     def keys(self, prefix: str | None = None) -> list[str]:
         return sorted(b.name for b in self.client.list_blobs(name_starts_with=prefix))
@@ -295,7 +298,8 @@ def test_corruption_behind_durables_back_is_caught(azure_container: Bucket,
     options = azure_container.storage_options
     with atomic_write(url, storage_options=options) as f:
         f.write(SMALL)
-    raw.put("a.bin", bytes([SMALL[0] ^ 1]) + SMALL[1:])  # same size: only CRC32C tells
+    # Same size, and the blob's record (its metadata) kept: only the CRC32C tells.
+    raw.put("a.bin", bytes([SMALL[0] ^ 1]) + SMALL[1:], raw.metadata("a.bin"))
 
     with pytest.raises(IntegrityError, match="crc32c"):
         Entry(url, storage_options=options).verify(deep=True)

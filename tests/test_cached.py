@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import functools
 import json
 import multiprocessing
 import os
@@ -376,6 +377,29 @@ def test_key_is_canonical_inspectable_and_versioned(local: Store) -> None:
     keyed = durable.cached(local.root, key=lambda a, *r, **k: {"id": id(a) * 0 + 1})(
         g.__wrapped__)
     assert keyed.entry(object()).url == keyed.entry(object()).url
+
+
+def test_methods_are_bound_and_nameless_callables_refused(local: Store) -> None:
+    class Model:
+        def __init__(self, scale: int) -> None:
+            self.scale = scale
+
+        @durable.cached(local.root, key=lambda self, x: {"scale": self.scale, "x": x})
+        def predict(self, x: int) -> list[int]:
+            return [self.scale * x]
+
+        @durable.cached(local.root)
+        def unkeyed(self, x: int) -> int:
+            return x
+
+    assert Model(3).predict(2) == [6]
+    assert Model(3).predict(2) == [6]  # a hit: the key is the scale and x, not identity
+    assert Model(4).predict(2) == [8]
+    assert Model.predict.state(Model(3), 2) is State.COMPLETE
+    with pytest.raises(TypeError, match=r"argument 'self'.*pass key="):
+        Model(1).unkeyed(1)
+    with pytest.raises(TypeError, match="needs a function with a name"):
+        durable.cached(local.root)(functools.partial(max, 1))
 
 
 def _value_keys(entry: Entry) -> list[str]:

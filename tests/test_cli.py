@@ -607,7 +607,9 @@ def test_scan_on_s3_is_one_listing_and_one_get_per_marker(s3_bucket: Bucket) -> 
     # One listing of the root, one of the root's own records dir (is the root an entry?),
     # one GET per marker, one HEAD per entry that is one object without a marker (its
     # record is in its own metadata) and beside a marker that cannot be read (would an
-    # object's own record supersede it?); nothing per object inside an entry.
-    heads = [("HEAD", "root/obj.bin", False), ("HEAD", "root/bad.zarr", False)]
+    # object's own record supersede it?), and per object of an unmarked folder (one
+    # written by atomic_write is an entry of its own); nothing per object inside an entry.
+    heads = [("HEAD", "root/obj.bin", False), ("HEAD", "root/bad.zarr", False),
+             ("HEAD", "root/plain/part-0", False)]
     assert calls == sorted([("GET", "", True), ("GET", "", True), *heads]
                            + [("GET", m, False) for m in markers]), calls

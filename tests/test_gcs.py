@@ -82,6 +82,19 @@ class Raw:
                              {"Content-Type": "application/octet-stream"})
         assert status == 200, body
 
+    def put_with_metadata(self, key: str, data: bytes, metadata: object) -> None:
+        """A multipart upload: the bytes and an object resource carrying ``metadata``."""
+        resource = json.dumps({"name": key, "metadata": metadata}).encode()
+        boundary = "b" + os.urandom(8).hex()
+        body = b"".join([f"--{boundary}\r\nContent-Type: application/json\r\n\r\n".encode(),
+                         resource, f"\r\n--{boundary}\r\nContent-Type: application/"
+                         "octet-stream\r\n\r\n".encode(), data,
+                         f"\r\n--{boundary}--\r\n".encode()])
+        status, reply = _http(f"{self.base}/upload/storage/v1/b/{self.bucket}/o?uploadType="
+                              "multipart", "POST", body,
+                              {"Content-Type": f'multipart/related; boundary="{boundary}"'})
+        assert status == 200, reply
+
     def resource(self, key: str) -> dict[str, object]:
         status, body = _http(f"{self.base}/storage/v1/b/{self.bucket}/o/{quote(key, safe='')}")
         assert status == 200, body
@@ -366,7 +379,9 @@ def test_corruption_behind_durables_back_is_caught(gcs: Bucket) -> None:
     with atomic_write(url, storage_options=gcs.storage_options) as f:
         f.write(SMALL)
     flipped = bytes([SMALL[0] ^ 1]) + SMALL[1:]  # same size: only the CRC32C can tell
-    Raw(gcs).put("a.bin", flipped)
+    raw = Raw(gcs)
+    # The object's record (its metadata) kept: a multipart upload carrying it.
+    raw.put_with_metadata("a.bin", flipped, raw.resource("a.bin")["metadata"])
 
     with pytest.raises(IntegrityError, match="crc32c"):
         Entry(url, storage_options=gcs.storage_options).verify(deep=True)

@@ -53,9 +53,9 @@ def test_a_fresh_entry_write_on_s3(s3_bucket: Bucket,
     proxy, options = proxied
     entry = durable.Entry(s3_bucket.path("e"), storage_options=options)
     with entry.writing() as w:
-        # Start: LIST of the records (no marker, no writer), one LIST of the entry's name
-        # with delimiter "/" (no object there and none below it), PUT of the attempt
-        # record.
+        # Start: PUT of the attempt record, then (at once) a LIST of the records (no
+        # marker, no other writer) and one LIST of the entry's name with delimiter "/" (no
+        # object there and none below it).
         assert _counts(proxy) == {"LIST": 2, "PUT": 1}
         w.write_bytes("a", b"1" * 100)
         w.write_bytes("b/c", b"2" * 100)
@@ -79,18 +79,52 @@ def test_a_zarr_write_on_s3_adds_a_fixed_number_of_requests(
         dz.write(s3_bucket.path(name), data, chunks=chunks, storage_options=options)
         per_chunk = collections.Counter(r.method for r in proxy.requests if "/c/" in r.path)
         assert per_chunk == {"PUT": (64 // chunks[0]) ** 2}
-        # Besides one PUT per chunk: the 3 requests of writing()'s start; the staged
-        # zarr.json PUT; at publish the LISTs of the records and of the entry (at once;
-        # the commit reuses both) and the document's PUT into the entry; the marker PUT
-        # and DeleteObjects (of the attempt record and the staged copy): 9, whatever the
-        # number of chunks (plain zarr makes 3: a HEAD and a LIST looking for an existing
-        # array, the zarr.json PUT). Gone: zarr's look (2 GETs; a fresh write answers it
-        # from what it staged), the staged document's GET at publish (it is listed with
-        # the ETag its PUT was answered with) and the commit's own LIST of the entry.
-        assert _counts(proxy, skip="/c/") == {"LIST": 4, "PUT": 4, "DELETE": 1}, name
+        # Besides one PUT per chunk: the 3 requests of writing()'s start; at publish the
+        # LIST of the entry (the commit reuses it) and zarr.json's PUT into the entry
+        # (plain zarr's own PUT); the marker PUT and DeleteObjects (of the attempt
+        # record): 7, whatever the number of chunks (plain zarr makes 3: a HEAD and a LIST
+        # looking for an existing array, the zarr.json PUT). Gone: zarr's look (2 GETs; a
+        # fresh write answers it from what it holds), the document's PUT into staging
+        # and its GET at publish (it is held in memory, never staged: nobody else needs
+        # it), the records LIST at publish (nothing staged, no fragments, and the
+        # create-only marker decides a race) and the commit's own LIST of the entry.
+        assert not [r for r in proxy.requests if "/staged" in r.path], name
+        assert _counts(proxy, skip="/c/") == {"LIST": 3, "PUT": 3, "DELETE": 1}, name
         assert dz.open(s3_bucket.path(name), storage_options=options)[...].tolist() == \
             data.tolist()
         proxy.clear_requests()
+
+
+def test_a_zarr_write_that_stages_adds_the_staging_requests(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """`writing()` stages eagerly (a killed writer can be resumed on its metadata), and a
+    deferred write stages at its first hand-off: both pay the staging PUT and the records
+    LIST at publish (another writer's marker, what is staged): 9."""
+    import pickle
+
+    import zarr
+
+    import durable.zarr as dz
+
+    proxy, options = proxied
+    data = np.arange(64 * 64, dtype="f4").reshape(64, 64)
+    with dz.writing(s3_bucket.path("eager"), storage_options=options) as store:
+        zarr.create_array(store, data=data, chunks=(32, 32))
+    assert _counts(proxy, skip="/c/") == {"LIST": 4, "PUT": 4, "DELETE": 1}
+    with dz.writing(s3_bucket.path("handed"), storage_options=options,
+                    stage="on_handoff") as store:
+        zarr.create_array(store, data=data, chunks=(32, 32))
+        assert _counts(proxy, skip="/c/") == {"LIST": 2, "PUT": 1}  # the start only
+        pickle.dumps(store)
+        assert _counts(proxy, skip="/c/") == {"PUT": 1}  # zarr.json into staging
+        pickle.dumps(store)
+        assert _counts(proxy, skip="/c/") == {}  # handed off already
+    # The publish as an eager write's: records and entry LISTs, zarr.json's PUT (no GET:
+    # listed with the ETag the hand-off's PUT got); the marker; DeleteObjects.
+    assert _counts(proxy, skip="/c/") == {"LIST": 2, "PUT": 2, "DELETE": 1}
+    for name in ("eager", "handed"):
+        assert dz.open(s3_bucket.path(name), storage_options=options)[...].tolist() == \
+            data.tolist()
 
 
 def test_atomic_write_and_read_verified_on_s3(

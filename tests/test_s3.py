@@ -19,7 +19,6 @@ import pytest
 
 from durable import (
     Entry,
-    IncompleteError,
     IntegrityError,
     State,
     atomic_write,
@@ -509,8 +508,8 @@ def test_error_document_served_as_200_is_refused_by_the_record(
     with pytest.raises(IntegrityError, match=r"adopted\.bin: recorded with 7 bytes"):
         read_verified(s3_bucket.path("adopted.bin"), storage_options=via_proxy)
     # The error page comes without the object's metadata, so without its record: refused
-    # as unrecorded, never returned.
-    with pytest.raises(IncompleteError, match=r"obj\.bin: no commit record covers"):
+    # as what it is (the sniff of durable._verified.error_document), never returned.
+    with pytest.raises(IntegrityError, match=r"obj\.bin: .*error document with code"):
         read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
 
 
@@ -808,9 +807,10 @@ def test_a_probe_left_behind_never_touches_an_entry(
     rows = scan(s3_bucket.url, options)
     assert all(PROBE_PREFIX not in r.url for r in rows)
     if not marker:
-        # A listing shows no metadata: a scan cannot find an object whose record is in its
-        # own metadata (docs/protocol.md), and shows no row for it.
-        assert url not in {r.url for r in rows}
+        # A listing shows no metadata: the scan stats the objects of the unmarked folder
+        # runs/ and finds the one carrying its record in its own metadata (docs/protocol.md).
+        (row,) = [r for r in rows if r.url == url]
+        assert (row.state, row.objects) == ("COMPLETE", 1) and "own metadata" in row.reason
         return
     assert [(r.url, r.state, r.objects, r.reason.startswith("committed at")) for r in rows] == [
         (url, "COMPLETE", 1, True)]

@@ -318,6 +318,8 @@ def test_a_writer_failing_while_another_commits_never_removes_the_committed_entr
 
     def both_start_fresh(request: faults.RequestInfo) -> bool:
         # Each writer's attempt record waits for the other's: both saw the entry ABSENT.
+        # Writers that resume look before they announce themselves, so two of them can
+        # both start on an ABSENT entry (fresh ones cannot: tests/test_racing_writers.py).
         if first_two.acquire(blocking=False):
             start.wait()
         return False
@@ -334,7 +336,7 @@ def test_a_writer_failing_while_another_commits_never_removes_the_committed_entr
     proxy.add(faults.delay(0, match=Match(methods="GET", where=hold_cleanup_listing)))
 
     def winner() -> Outcome:
-        with Entry(url, storage_options=via_proxy).writing() as w:
+        with Entry(url, storage_options=via_proxy).writing(resume=True) as w:
             w.write_bytes("x.bin", b"the winner's data")
             assert cleanup_listing.wait(30)  # the other writer is in its cleanup
             attempt = w.attempt
@@ -343,7 +345,7 @@ def test_a_writer_failing_while_another_commits_never_removes_the_committed_entr
 
     with ThreadPoolExecutor(1) as pool:
         won = pool.submit(winner)
-        with pytest.raises(_Boom), Entry(url, storage_options=via_proxy).writing():
+        with pytest.raises(_Boom), Entry(url, storage_options=via_proxy).writing(resume=True):
             raise _Boom
         assert won.result(timeout=60).won
     assert _records(boto, s3_bucket, "failing/entry") == ["commit.json"]

@@ -592,6 +592,38 @@ def test_metadata_changed_after_the_commit_with_its_size_is_refused(target: Targ
     assert (dts.open(url, storage_options=target.options).read().result() == 0).all()
 
 
+def test_an_unchanged_marker_is_decoded_once_and_a_new_one_again(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opens keep the last marker of each entry decoded: the same bytes are not decoded
+    again, but they are still read, and the listing still checked, at every open; a
+    recommit (other bytes) is decoded afresh, never served the old manifest."""
+    from durable._protocol import Marker
+
+    decoded: list[str] = []
+    real = Marker.decode
+
+    def counting(data: bytes, where: str) -> Marker:
+        decoded.append(where)
+        return real(data, where)
+
+    def decodes_in_open(**kwargs: Any) -> int:
+        decoded.clear()
+        assert (dts.open(url).read().result() == values(**kwargs)).all()
+        return len(decoded)
+
+    monkeypatch.setattr(Marker, "decode", staticmethod(counting))
+    url = os.path.join(tmp_path, "arr")
+    dts.write(url, values(20), chunks=[10, 10])
+    assert [decodes_in_open(rows=20) for _ in range(3)] == [1, 0, 0]
+    # Rewritten with another shape: a stale manifest would fail the listing check.
+    dts.write(url, values(30, seed=5), chunks=[10, 10], overwrite=True)
+    assert [decodes_in_open(rows=30, seed=5) for _ in range(2)] == [1, 0]
+    # A cached marker spares no check: a chunk gone since is refused.
+    os.unlink(os.path.join(url, "c", "2", "0"))
+    with pytest.raises(IntegrityError, match=r"c/2/0: missing"):
+        dts.open(url)
+
+
 def test_zarr_python_checks_the_codec_too(tmp_path: Any) -> None:
     import zarr
 

@@ -20,7 +20,7 @@ import zarr
 
 import durable.xarray as dx
 import durable.zarr as dz
-from durable import Entry, IncompleteError, State
+from durable import AlreadyCompleteError, Entry, IncompleteError, State
 from durable.testing.pytest_plugin import Bucket
 from test_zarr import KINDS, NOT_FOUND, Target, forget_memory, make_target, manifest_matches_store
 
@@ -90,6 +90,20 @@ def test_refusals(target: Target) -> None:
     with pytest.raises(ValueError, match="compute=False"):
         dx.to_zarr(dataset(), url, storage_options=target.options, compute=False)
     assert Entry(url, storage_options=target.options).state() is State.ABSENT
+
+
+def test_mode_w_replaces_a_committed_dataset_as_in_xarray(target: Target) -> None:
+    url = target.url("w.zarr")
+    dx.to_zarr(dataset(0, 16), url, storage_options=target.options)
+    with pytest.raises(AlreadyCompleteError):  # the default mode "w-" refuses
+        dx.to_zarr(dataset(100, 8), url, storage_options=target.options)
+    dx.to_zarr(dataset(100, 8), url, storage_options=target.options, mode="w")
+    got = dx.open_zarr(url, storage_options=target.options).load()
+    xr.testing.assert_identical(got, dataset(100, 8))
+    Entry(url, storage_options=target.options).verify(deep=True)
+    with pytest.raises(AlreadyCompleteError):  # overwrite=False still means no
+        dx.to_zarr(dataset(0, 4), url, storage_options=target.options, mode="w",
+                   overwrite=False)
 
 
 # many processes ---------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import durable._zarr_reading
 import durable._zarr_writing
 import durable.zarr as dz
-from _zarr_child import CHUNKS, N_CHUNKS, SHAPE, ZarrChild, expected, write
+from _zarr_child import CHUNKS, HERE, N_CHUNKS, SHAPE, ZarrChild, expected, write, write_once
 from durable import AlreadyCompleteError, Entry, IncompleteError, IntegrityError, State
 from durable._checksum import crc32c
 from durable._fragments import FragmentRecorder
@@ -305,6 +307,91 @@ def test_racing_writers_one_commit_wins(shared: Target) -> None:
     np.testing.assert_array_equal(dz.open(url, storage_options=shared.options)["a"][:],
                                   expected())
     manifest_matches_store(shared, "race.zarr")
+
+
+# write(): metadata held in memory, staged only at a hand-off -----------------------------------
+WRITE_KILLS = [("file", 3), ("file", 2), pytest.param("s3", 3, marks=pytest.mark.s3)]
+
+
+@pytest.mark.parametrize(("kind", "zarr_format"), WRITE_KILLS)
+def test_killed_write_leaves_chunks_and_no_metadata_anywhere(
+        request: pytest.FixtureRequest, tmp_path: Any, kind: str, zarr_format: int) -> None:
+    t = make_target(kind, request, tmp_path)
+    url = t.url("k.zarr")
+    child = ZarrChild(url, zarr_format, "write", t.options)
+    child.run_until("chunk 5")
+    child.kill()
+    # Six chunks stored, and no metadata document in the entry or in staging: write()
+    # held it in memory, and nobody else needed it.
+    assert len(t.raw_keys("k.zarr")) == 6
+    assert t.raw_keys(".durable/k.zarr/staged") == {}
+    assert Entry(url, storage_options=t.options).state() is State.INCOMPLETE
+    with pytest.raises(NOT_FOUND):
+        zarr.open_array(url, mode="r", **t.plain_options())
+    with pytest.raises(IncompleteError, match="INCOMPLETE"):
+        dz.open(url, storage_options=t.options)
+    # Nothing to resume on: the retry starts over.
+    assert write_once(url, zarr_format, t.options, overwrite=True) == "committed"
+    assert Entry(url, storage_options=t.options).verify(deep=True).ok
+    np.testing.assert_array_equal(dz.open(url, storage_options=t.options)[:], expected())
+    manifest_matches_store(t, "k.zarr")
+
+
+# Another process of the same write: unpickles the store, opens the array the coordinator
+# created (its metadata only in staging), writes every chunk, flushes its fragment.
+_WORKER = f"""
+import pickle, sys
+sys.path.insert(0, {HERE!r})
+import zarr
+import durable.zarr as dz
+from _zarr_child import expected
+array = zarr.open_array(pickle.loads(sys.stdin.buffer.read()), mode="r+")
+array[...] = expected()
+assert dz.flush_fragments() == 1
+print(array.attrs["by"])
+"""
+
+
+async def _pickled(obj: Any) -> bytes:
+    return pickle.dumps(obj)
+
+
+def test_a_store_handed_to_another_process_stages_what_it_held(shared: Target) -> None:
+    url = shared.url("h.zarr")
+    with dz.writing(url, storage_options=shared.options, stage="on_handoff",
+                    unrecorded="error") as store:
+        zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32",
+                          attributes={"by": "coordinator"})
+        assert shared.raw_keys(".durable/h.zarr/staged") == {}  # held in memory only
+        # Pickled on zarr's own event-loop thread, where zarr's sync() cannot run.
+        state = zarr.core.sync.sync(_pickled(store))
+        assert "zarr.json" in shared.raw_keys(".durable/h.zarr/staged")
+        worker = subprocess.run([sys.executable, "-c", _WORKER], input=state,
+                                capture_output=True, check=False)
+        assert worker.returncode == 0, worker.stderr.decode()
+        assert worker.stdout.decode().strip() == "coordinator"
+    # unrecorded="error": every chunk came from the worker's fragment.
+    assert Entry(url, storage_options=shared.options).verify(deep=True).ok
+    assert shared.raw_keys(".durable/h.zarr/staged") == {}
+    plain = zarr.open_array(url, mode="r", **shared.plain_options())
+    assert plain.attrs["by"] == "coordinator"
+    np.testing.assert_array_equal(plain[...], expected())
+
+
+def test_racing_fresh_writes_one_commit_wins(shared: Target) -> None:
+    url = shared.url("wr.zarr")
+    first = ZarrChild(url, 3, "write", shared.options)
+    first.run_until("chunk 5")
+    # A second write of the same entry, started over the first, commits first; the first
+    # goes on (its metadata published with no look at the records) and loses at its
+    # create-only marker.
+    assert write_once(url, 3, shared.options, overwrite=True) == "committed"
+    assert first.finish() == "lost"
+    assert Entry(url, storage_options=shared.options).verify(deep=True).ok
+    np.testing.assert_array_equal(dz.open(url, storage_options=shared.options)[:],
+                                  expected())
+    manifest_matches_store(shared, "wr.zarr")
+    assert shared.raw_keys(".durable/wr.zarr/attempts") == {}
 
 
 # damage after the commit -----------------------------------------------------------------------

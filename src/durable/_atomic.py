@@ -39,11 +39,12 @@ def atomic_write(
     exception (KeyboardInterrupt included) it is aborted and nothing becomes visible.
 
     ``record=True`` also records the object's size and CRC32C (the object becomes a
-    single-object entry), so `read_verified` can check it later. Where one request
-    publishes the object (an S3 PutObject, up to the adapter's part size) the record
-    travels in the object's own metadata, in that same request: the object is judged by it
-    and any marker beside it is superseded. Elsewhere (local disk, memory, a multipart
-    upload) a commit marker is written after the object; an existing one is removed before
+    single-object entry), so `read_verified` can check it later. Where the request that
+    publishes the object can set its metadata (an S3 PutObject up to the part size, a GCS
+    upload up to 8 MiB, an Azure Put Blob or Put Block List) the record travels in the
+    object's own metadata, in that same request: the object is judged by it and any marker
+    beside it is superseded. Elsewhere (local disk, memory, an S3 multipart upload, a GCS
+    resumable upload) a commit marker is written after the object; an existing one is removed before
     the new object is published, so a crash in between leaves the object INCOMPLETE, never
     an old record over new bytes (docs/protocol.md).
 

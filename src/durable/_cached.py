@@ -43,6 +43,7 @@ import math
 import os
 import re
 import time
+import types
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
@@ -104,6 +105,11 @@ class CachedFunction(Generic[P, R]):
                  key: Callable[..., Any] | None, on_incomplete: OnIncomplete,
                  timeout: float | None, serializer: str | None, pickle: bool,
                  storage_options: dict[str, Any] | None, stale_after: float) -> None:
+        if not isinstance(getattr(func, "__qualname__", None), str):
+            # The entry's path is named after the function: without a qualified name (a
+            # functools.partial, a callable object) there is nothing stable to name it by.
+            raise TypeError(f"durable.cached needs a function with a name, got {func!r}: "
+                            "wrap it in a def (whose arguments then make the key)")
         functools.update_wrapper(self, func)
         self.__wrapped__ = func
         self._func = func
@@ -125,6 +131,12 @@ class CachedFunction(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<durable.cached {self._function} at {self._adapter.url(self._prefix)}>"
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        # On a method: bound as a function would be, so ``self`` is the first argument,
+        # and part of the key like any other (an unkeyable instance is a TypeError naming
+        # it; ``key=`` chooses what counts).
+        return self if instance is None else types.MethodType(self, instance)
 
     # the entry of a call -----------------------------------------------------------------
     def _key_doc(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -8,7 +8,9 @@ reports ABSENT / INCOMPLETE / COMPLETE; `verify()` checks the data against the m
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +55,10 @@ _WORKERS = 8
 
 
 _IN_PROCESS = frozenset({"file", "local", "memory"})  # adapters with no round trip
+# Two attempt records this close (by the store's clock) are two writers that started at
+# the same moment: both refused, and each may try once more after a random pause.
+_RACE_WINDOW = 5.0
+_RACE_PAUSE = (0.05, 0.5)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,13 @@ class Status:
     state: State
     reason: str
     marker: Marker | None = None
+    racing: bool = field(default=False, compare=False)
+    """INCOMPLETE only because another writer started at the same moment as the one asking
+    (their attempt records are seconds apart): a later try may go through."""
+
+
+class _RacedStart(IncompleteExistsError):
+    """Refused at the start beside a writer that started at the same moment."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +235,10 @@ class Entry:
     def status(self) -> Status:
         return self._status()
 
-    def _status(self, leased: bool = False, *, expect_absent: bool = False) -> Status:
+    def _status(self, leased: bool = False, *, expect_absent: bool = False,
+                own_attempt: str | None = None) -> Status:
+        """``own_attempt``: the attempt id of the writer asking, whose attempt record is already
+        written (`writing`): that one record is no sign of another writer."""
         if expect_absent:
             # A writer about to start expects nothing here: one listing of the records
             # answers "no marker, no writer" (on S3, 1 LIST instead of a GET of the marker
@@ -241,7 +257,8 @@ class Entry:
                     records = self.adapter.list(self.layout.records)
                     data = present.result()
             if MARKER_NAME not in records:
-                return self._status_unmarked(leased, records, present=data)
+                return self._status_unmarked(leased, records, present=data,
+                                             own_attempt=own_attempt)
         marker, info, looked = self._read_record()
         if marker is not None:
             if looked and marker.kind == "object":
@@ -253,7 +270,7 @@ class Entry:
             return Status(State.INCOMPLETE, f"marker present but data gone: {missing}", marker)
         if looked and info is not None:
             return Status(State.INCOMPLETE, "data present but no commit marker")
-        return self._status_unmarked(leased, stat_taken=looked)
+        return self._status_unmarked(leased, stat_taken=looked, own_attempt=own_attempt)
 
     def _object_status(self, marker: Marker, info: ObjectInfo | None) -> Status:
         """A single object's state from its record and the stat taken with it."""
@@ -271,10 +288,11 @@ class Entry:
                                       f"{marker.attempt} (recorded {where})", marker)
 
     def _status_unmarked(self, leased: bool, records: dict[str, ObjectInfo] | None = None,
-                         *, stat_taken: bool = False, present: bool | None = None) -> Status:
+                         *, stat_taken: bool = False, present: bool | None = None,
+                         own_attempt: str | None = None) -> Status:
         """The state of an entry with no marker; ``records``: its records dir, if listed;
         ``stat_taken``: the object was stat-ed already (and is not there); ``present``:
-        whether the entry has data, if asked already."""
+        whether the entry has data, if asked already; ``own_attempt``: as for `_status`."""
         if present if present is not None else self.adapter.exists(self.path):
             if self.adapter.capabilities.object_records and not stat_taken:
                 # A listing shows no metadata: an object carrying its own record is COMPLETE.
@@ -287,7 +305,22 @@ class Entry:
         if records is None:
             # A listing, not exists(): the records dir is never an object (no HEAD needed).
             records = self.adapter.list(self.layout.records)
-        if any(not self._is_lease_key(k) for k in records) if leased else records:
+        mine = (self.layout.attempt_record(own_attempt)[len(self.layout.records) + 1:]
+                if own_attempt is not None else None)
+        # Exactly this writer's own record is ignored: any other (another writer's attempt
+        # record, or the temp file of one being written) is a writer at work or a leftover.
+        others = [k for k in records if k != mine and not (leased and self._is_lease_key(k))]
+        if others and own_attempt is not None:
+            where = self.adapter.url(records[others[0]].path)
+            ours = records[mine].modified if mine in records else None
+            racing = ours is not None and all(
+                records[k].modified is not None
+                and abs(records[k].modified - ours) <= _RACE_WINDOW  # type: ignore[operator]
+                for k in others)
+            return Status(State.INCOMPLETE, "another writer started and has not committed: "
+                                            f"it may be at work right now ({where})",
+                          racing=racing)
+        if others:
             return Status(State.INCOMPLETE, "a writer started but has not committed")
         return Status(State.ABSENT, "no marker and no data")
 
@@ -448,52 +481,47 @@ class Entry:
             if lease.url != self.adapter.url(self.layout.lease):
                 raise ValueError(f"{lease!r} is not the lease of {self.url}")
             lease.check()
-        try:
-            st = self._status(leased=keep_lease, expect_absent=not (update or resume))
-        except MarkerError:
-            if not overwrite:
-                raise
-            # A marker nobody can read describes nothing: overwriting is the way out.
-            self._clear(keep_lease)
-            st = Status(State.ABSENT, "cleared an unreadable marker")
-        fresh = True
-        seed: dict[str, ObjectRecord] = {}
-        versions: dict[str, str | None] = {}
-        if st.state is State.COMPLETE and update and not overwrite:
-            assert st.marker is not None and st.marker.manifest is not None
-            if st.marker.kind != "prefix":
-                raise ValueError(f"{self.url} is a single object: rewrite it, not update it")
-            # Keep each object's record with the version it has now: at commit, a record
-            # is reused only for an object whose version has not changed since.
-            now = self.adapter.list(self.path)
-            seed = {k: r for k, r in st.marker.manifest.objects.items()
-                    if k in now and now[k].size == r.size and now[k].version is not None}
-            versions = {k: now[k].version for k in seed}
-            fresh = False
-            # Invalidate before touching anything: a reader must never see the old marker
-            # over data that is being changed.
-            self.adapter.delete([self.layout.marker])
-        elif st.state is State.COMPLETE:
-            if not overwrite:
-                raise AlreadyCompleteError(f"{self.url} is already COMPLETE ({st.reason})",
-                                           url=self.url)
-            self._clear(keep_lease)
-        elif st.state is State.INCOMPLETE:
-            if overwrite:
-                self._clear(keep_lease)
-            elif resume or update:
-                fresh = False
-            else:
-                raise IncompleteExistsError(
-                    f"{self.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "
-                    "a writer still at work. Resolve it with Entry.delete() or "
-                    "`durable clean` once nothing writes it, or pass overwrite=True / "
-                    "resume=True", url=self.url)
         writer = EntryWriter(self, new_attempt_id())
         writer._lease = lease
+        record = self.layout.attempt_record(writer.attempt)
+        # A writer that expects nothing here and clears nothing announces itself BEFORE it
+        # looks, so two fresh writers starting at once cannot both go on (incident 001's
+        # racing writer: both looked, saw nothing, wrote; the loser's chunks landed over
+        # the winner's commit). Each PUTs its record, then LISTs the records: if A's LIST
+        # did not show B's record, B's PUT came after A's LIST, so after A's PUT, and B's
+        # LIST shows A's. At most one of two racing writers proceeds; in a tight race both
+        # may refuse (safe: nothing was written, and a retry works). This needs a listing
+        # that shows every PUT that returned before it (local, memory, S3 since 2020, GCS,
+        # Azure). Under a lease it is not needed (the lease is a record PUT before the
+        # LIST, and leases exclude each other) but costs nothing: one order for all.
+        # Overwriting, resuming and updating keep look-then-announce: `_clear` removes the
+        # records dir, which would remove a record put first.
+        first = not (overwrite or resume or update)
+        for again in (first, False):
+            if first:
+                self.adapter.put(record, attempt_record_bytes(writer.attempt), durable=False)
+            try:
+                fresh, seed, versions = self._start(
+                    keep_lease, overwrite=overwrite, resume=resume, update=update,
+                    own_attempt=writer.attempt if first else None)
+                break
+            except BaseException as exc:
+                if first:
+                    # Refused (or failed looking): this writer's record alone goes, else
+                    # the entry would look INCOMPLETE to the next writer for nothing.
+                    with contextlib.suppress(Exception):
+                        self.adapter.delete([record])
+                if not isinstance(exc, _RacedStart):
+                    raise
+                if not again:
+                    raise IncompleteExistsError(str(exc), url=self.url) from None
+            # Both of two writers that started at once refused (each saw the other's
+            # record): each tries once more after a random pause, so the first to come
+            # back usually goes on and the other then sees it at work.
+            time.sleep(random.uniform(*_RACE_PAUSE))
         writer._baseline = {k: (rec, versions[k]) for k, rec in seed.items()}
-        self.adapter.put(self.layout.attempt_record(writer.attempt),
-                         attempt_record_bytes(writer.attempt), durable=False)
+        if not first:
+            self.adapter.put(record, attempt_record_bytes(writer.attempt), durable=False)
         try:
             yield writer
             writer._closed = True
@@ -518,6 +546,51 @@ class Entry:
                     self.adapter.delete([self.layout.attempt_record(writer.attempt),
                                          *writer._spent])
             raise
+
+    def _start(self, keep_lease: bool, *, overwrite: bool, resume: bool, update: bool,
+               own_attempt: str | None
+               ) -> tuple[bool, dict[str, ObjectRecord], dict[str, str | None]]:
+        """The state check of `writing`, and what it clears: (fresh, the records of the
+        objects an update keeps, their versions). ``own_attempt``: as for `_status`."""
+        try:
+            st = self._status(leased=keep_lease, expect_absent=not (update or resume),
+                              own_attempt=own_attempt)
+        except MarkerError:
+            if not overwrite:
+                raise
+            # A marker nobody can read describes nothing: overwriting is the way out.
+            self._clear(keep_lease)
+            st = Status(State.ABSENT, "cleared an unreadable marker")
+        if st.state is State.COMPLETE and update and not overwrite:
+            assert st.marker is not None and st.marker.manifest is not None
+            if st.marker.kind != "prefix":
+                raise ValueError(f"{self.url} is a single object: rewrite it, not update it")
+            # Keep each object's record with the version it has now: at commit, a record
+            # is reused only for an object whose version has not changed since.
+            now = self.adapter.list(self.path)
+            seed = {k: r for k, r in st.marker.manifest.objects.items()
+                    if k in now and now[k].size == r.size and now[k].version is not None}
+            # Invalidate before touching anything: a reader must never see the old marker
+            # over data that is being changed.
+            self.adapter.delete([self.layout.marker])
+            return False, seed, {k: now[k].version for k in seed}
+        if st.state is State.COMPLETE:
+            if not overwrite:
+                raise AlreadyCompleteError(f"{self.url} is already COMPLETE ({st.reason})",
+                                           url=self.url)
+            self._clear(keep_lease)
+        elif st.state is State.INCOMPLETE:
+            if overwrite:
+                self._clear(keep_lease)
+            elif resume or update:
+                return False, {}, {}
+            else:
+                raise (_RacedStart if st.racing else IncompleteExistsError)(
+                    f"{self.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "
+                    "a writer still at work. Resolve it with Entry.delete() or "
+                    "`durable clean` once nothing writes it, or pass overwrite=True / "
+                    "resume=True", url=self.url)
+        return True, {}, {}
 
     def _clear(self, keep_lease: bool = False) -> None:
         # Marker first: from here on nobody can take this entry for COMPLETE.

@@ -40,9 +40,12 @@ from durable._scan import (
     EntryFound,
     LeaseSeen,
     Records,
+    Stat,
     Survey,
     entry_age,
     read_records,
+    split_recorded,
+    stat_objects,
 )
 from durable.adapters import ObjectInfo
 from durable.adapters.base import Upload
@@ -55,6 +58,7 @@ __all__ = ["TRUST", "AdoptReport", "Adoption", "CleanItem", "CleanReport", "Root
 Ticker = Callable[[str, int, int | None], None]
 
 _WORKERS = 16
+_SHOWN = 3
 #: Said by mark-complete in its help and its output, every time.
 TRUST = ("mark-complete TRUSTS what it adopts: each entry is recorded as whole exactly as "
          "it is now, and a partial one becomes COMPLETE. Run it only while nothing writes "
@@ -88,28 +92,26 @@ def _holders(sv: Survey) -> set[str]:
     return out
 
 
+def _kept_for(st: Stat) -> str | None:
+    """Why an object stat-ed as ``st`` is never deleted nor adopted as plain data: it
+    carries a durable record in its own metadata (COMPLETE, or loud if hostile), or it
+    could not be stat-ed (unknown is kept); None for plain data or an object gone."""
+    if isinstance(st, str):
+        return f"could not be stat-ed to see whether it carries its own commit record ({st}): kept"
+    return _OWN_RECORD if st is not None and carries_record(st.record) else None
+
+
 def _heads(sv: Survey, paths: list[str], workers: int) -> list[str | None]:
-    """For each object of ``paths``: why it must not be deleted as a leftover (it carries
-    a durable record in its own metadata: COMPLETE, or loud if hostile; or it could not be
-    stat-ed: unknown is kept), else None. All None, and nothing asked, on adapters without
-    ``object_records``: their listings show every record (a sidecar marker).
+    """For each object of ``paths``: `_kept_for` of its stat. All None, and nothing asked,
+    on adapters without ``object_records``: their listings show every record (a sidecar
+    marker).
 
     One HEAD per object, in parallel: a listing never shows user metadata, so without this
     an object committed by `atomic_write` inside a dead writer's entry went with it.
     """
-    if not paths or not sv.adapter.capabilities.object_records:
+    if not sv.adapter.capabilities.object_records:
         return [None] * len(paths)
-
-    def head(path: str) -> str | None:
-        try:
-            info = sv.adapter.info(path)
-        except (DurableError, OSError) as exc:
-            return (f"could not be stat-ed to see whether it carries its own commit record "
-                    f"({type(exc).__name__}: {exc}): kept")
-        return _OWN_RECORD if info is not None and carries_record(info.record) else None
-
-    with ThreadPoolExecutor(max(1, min(workers, len(paths)))) as pool:
-        return list(pool.map(head, paths))
+    return [_kept_for(st) for st in stat_objects(sv.adapter, paths, workers)]
 
 
 def _recorded_in(sv: Survey, path: str, objects: list[str],
@@ -121,14 +123,16 @@ def _recorded_in(sv: Survey, path: str, objects: list[str],
     return None
 
 
-def _carries_own_record(sv: Survey, key: str) -> bool:
-    """Whether the entry at ``key`` is one object carrying a durable record in its own
-    metadata: COMPLETE (or, if the record is hostile, loud) however its records look. A
-    listing shows no metadata, so this costs a stat, only on adapters that keep them."""
+def _carries_own_record(sv: Survey, key: str) -> str | None:
+    """Why the entry at ``key``, one object, is never adopted (`_kept_for`): it carries a
+    durable record in its own metadata (COMPLETE, or loud if hostile), or it could not be
+    stat-ed. A listing shows no metadata, so this costs a stat (unless `split_recorded`
+    took it), only on adapters that keep them."""
     if key not in sv.listing or not sv.adapter.capabilities.object_records:
-        return False
-    info = sv.adapter.info(sv.entry_path(key))
-    return info is not None and carries_record(info.record)
+        return None
+    if key in sv.stats:
+        return _kept_for(sv.stats[key])
+    return _kept_for(stat_objects(sv.adapter, [sv.entry_path(key)])[0])
 
 
 def _committed_owner(sv: Survey, key: str) -> str | None:
@@ -148,10 +152,14 @@ class RootVerifyReport:
     """One per entry with a marker, sorted by URL."""
     not_verified: list[Skipped]
     """Entries without a marker: nothing to verify them against."""
+    not_verified_objects: int = 0
+    """Objects of those entries."""
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.reports)
+        """Every entry verified matches; False when nothing was verified (a verify that
+        checked nothing never says OK)."""
+        return bool(self.reports) and all(r.ok for r in self.reports)
 
 
 def own_records(sv: Survey, *, workers: int = _WORKERS,
@@ -160,6 +168,7 @@ def own_records(sv: Survey, *, workers: int = _WORKERS,
     ``object_records``: one HEAD each, in parallel; its record may be in its metadata)."""
     if not sv.adapter.capabilities.object_records:
         return {}
+    split_recorded(sv, workers=workers, progress=_tick(progress, "reading metadata"))
     keys = sorted(k for k, f in sv.entries.items() if f.marker is None and k in sv.listing)
     return read_records(sv, keys, workers=workers, progress=_tick(progress, "reading markers"))
 
@@ -174,7 +183,9 @@ def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
     marker is a problem of its entry ("unreadable"), never a reason to stop. ``records``:
     what `own_records` read already (not read again).
     """
-    # Single objects with no marker may carry their record in their own metadata.
+    # Single objects with no marker may carry their record in their own metadata, also
+    # inside unmarked directories (each then an entry of its own).
+    split_recorded(sv, workers=workers, progress=_tick(progress, "reading metadata"))
     own = sv.adapter.capabilities.object_records
     candidates = sorted(k for k, f in sv.entries.items()
                         if f.marker is not None or (own and k in sv.listing))
@@ -224,9 +235,10 @@ def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
         # Same order as Entry.verify: the manifest's objects by key, then the unexpected.
         r.problems.sort(key=lambda p: (p.issue == "unexpected", p.key))
     verified = set(marked)
-    not_verified = [Skipped(sv.url(k), _no_marker_reason(f))
-                    for k, f in sorted(sv.entries.items()) if k not in verified]
-    return RootVerifyReport(sv.adapter.url(sv.path), deep, reports, not_verified)
+    unverified = sorted(k for k in sv.entries if k not in verified)
+    not_verified = [Skipped(sv.url(k), _no_marker_reason(sv.entries[k])) for k in unverified]
+    return RootVerifyReport(sv.adapter.url(sv.path), deep, reports, not_verified,
+                            sum(sv.entries[k].objects for k in unverified))
 
 
 def _compare(sv: Survey, key: str, marker: Marker,
@@ -301,6 +313,10 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
     ``apply``. Idempotent: an adopted entry has a marker, and is no candidate the next time.
     See `TRUST`.
     """
+    # Objects carrying their own records inside unmarked directories are entries of their
+    # own: a directory marker over them would be broken by their next atomic_write.
+    split_recorded(sv, every=True, workers=workers,
+                   progress=_tick(progress, "reading metadata"))
     adoptions: list[Adoption] = []
     skipped: list[Skipped] = []
     marked = 0
@@ -324,10 +340,12 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
             skipped.append(Skipped(url, f"has durable records but no marker "
                                         f"({', '.join(sorted(f.records)[:3])}); see "
                                         "`durable status`"))
+        elif f.recorded:
+            skipped.append(Skipped(url, _holds_recorded(sv, f)))
         elif not f.objects:
             skipped.append(Skipped(url, "no data"))
-        elif _carries_own_record(sv, key):
-            skipped.append(Skipped(url, _OWN_RECORD))
+        elif (why := _carries_own_record(sv, key)) is not None:
+            skipped.append(Skipped(url, why))
         else:
             adoptions.append(Adoption(url, "planned", "unmarked data, no durable records",
                                       f.objects, f.size, key))
@@ -366,6 +384,28 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
                 if progress is not None:
                     progress("adopting", n, len(adoptions))
     return AdoptReport(sv.adapter.url(sv.path), apply, adoptions, skipped, marked)
+
+
+def _holds_recorded(sv: Survey, f: EntryFound) -> str:
+    """Why the unmarked directory ``f`` is not adopted: objects in it carry their own record
+    (or could not be stat-ed), each an entry of its own (`split_recorded`)."""
+    def some(keys: list[str]) -> str:
+        more = f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else ""
+        return ", ".join(sv.url(k) for k in keys[:_SHOWN]) + more
+
+    unknown = [k for k in f.recorded if isinstance(sv.stats.get(k), str)]
+    recorded = [k for k in f.recorded if not isinstance(sv.stats.get(k), str)]
+    why = []
+    if recorded:
+        why.append(f"holds {len(recorded)} objects carrying their own commit record in their "
+                   f"metadata ({some(recorded)}), each an entry of its own: a marker over "
+                   "the directory would take them in, and their next atomic_write would "
+                   "break it")
+    if unknown:
+        why.append(f"holds {len(unknown)} objects that could not be stat-ed to see whether "
+                   f"they carry their own commit record ({some(unknown)}): unknown is never "
+                   "adopted")
+    return "; ".join(why) + f"; its {f.objects} other objects stay unmarked"
 
 
 # clean ----------------------------------------------------------------------------------

@@ -15,10 +15,11 @@ Layout, for an entry at ``PARENT/NAME`` (a directory/prefix, or a single object)
     PARENT/.durable/NAME/fragments/<attempt>/...
                                          what other processes of one write recorded
 
-A single object published by one request (an S3 PutObject) carries its record in its own
-metadata instead (`Marker.to_metadata`): data and record land together, and such an object
-is judged by that record, never by a marker beside it (docs/protocol.md, "Records in
-object metadata").
+A single object whose publishing request can set its metadata (an S3 PutObject up to the
+part size, a GCS upload up to 8 MiB, any Azure blob: Put Blob or Put Block List) carries
+its record in its own metadata instead (`Marker.to_metadata`): data and record land
+together, and such an object is judged by that record, never by a marker beside it
+(docs/protocol.md, "Records in object metadata").
 
 The records sit beside the entry, not inside it: zarr-python warns about every object
 inside a group that is not a zarr node, so a marker inside a zarr store would make every

@@ -5,20 +5,27 @@ recursive listing of the root, then small reads of records only (in a thread poo
 marker of each marked entry, the attempt records of each unmarked entry a durable writer
 started, and each lease file the listing shows. Sizes and ages of objects come from the
 listing; no object inside an entry is stat-ed or read, so the requests grow with listing
-pages and entries, never with the objects inside the entries.
+pages and entries, never with the objects inside the entries (one exception: unmarked
+directories on stores that keep records in object metadata, below).
 
-Records in object metadata (S3: `atomic_write` in one request): a listing does not show
-user metadata, so an unmarked entry that is ONE object is stat-ed (one HEAD per such entry,
-on adapters with ``object_records``) and, if it carries a record, judged by it. An object
-that lies deeper, inside an unmarked directory, is not an entry of its own to a scan: it is
-counted as data of that directory's entry, whatever its metadata says (docs/protocol.md).
-A marker of kind "object" is read with the object's stat as well (`Entry.read_marker`):
-an object carrying its own record supersedes it.
+Records in object metadata (S3, GCS, Azure: `atomic_write` in one request): a listing does
+not show user metadata, so on adapters with ``object_records`` an unmarked entry that is ONE
+object is stat-ed (one HEAD) and, if it carries a record, judged by it; and so is every
+object of an unmarked directory with no records of its own (`split_recorded`: the README's
+``atomic_write("s3://b/ckpt/model.pt")`` leaves ``ckpt/`` holding only such objects). Each
+object there that carries a record is an entry of its own, judged by that record, as a
+sidecar-marked file is on a local disk; the directory keeps only its other objects (unmarked
+data), and is no entry at all when none is left. Unmarked directories are debris or such
+folders, so those HEADs are rare; no object inside a MARKED entry (or one a durable writer
+started) is stat-ed. A marker of kind "object" is read with the object's stat as well
+(`Entry.read_marker`): an object carrying its own record supersedes it.
 
 How entries are found in the listing (keys relative to the root):
 
 - ``D/.durable/NAME/commit.json``        a commit marker: entry ``D/NAME``
 - ``D/NAME``, one object, no marker      an entry if its metadata carries a record
+- ``U/.../NAME`` inside unmarked data ``U`` an entry if its metadata carries a record
+                                         (``object_records`` adapters: `split_recorded`)
 - ``D/.durable/NAME/attempts/<id>.json`` a writer started on ``D/NAME``
 - ``D/.durable/NAME/lease.json``         a writer's lease on ``D/NAME``
 - any other key in ``D/.durable/NAME/``  records of ``D/NAME`` (an external manifest)
@@ -63,12 +70,13 @@ from typing import Any, Literal
 
 from durable._entry import Entry
 from durable._errors import DurableError
-from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker
+from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker, carries_record
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters.local import LOCK_SUFFIX, TMP_MARK
 
-__all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Survey", "entry_age",
-           "read_records", "scan", "scan_survey", "survey"]
+__all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Stat", "Survey",
+           "entry_age", "read_records", "scan", "scan_survey", "split_recorded", "stat_objects",
+           "survey"]
 
 ScanState = Literal["COMPLETE", "INCOMPLETE", "ERROR"]
 AgeClock = Literal["writer", "store"]
@@ -124,6 +132,11 @@ class EntryFound:
     size: int = 0
     newest: float | None = None
     """Modification time of its newest data object (the store's clock)."""
+    recorded: list[str] = field(default_factory=list)
+    """Keys of objects that lay in this unmarked directory and carry their own record (or
+    could not be stat-ed): entries of their own, not counted in ``objects`` (`split_recorded`)."""
+    unchecked: bool = False
+    """Too many objects for `split_recorded` to stat (``SPLIT_LIMIT``): not looked at."""
 
     @property
     def records_newest(self) -> float | None:
@@ -140,6 +153,10 @@ class Survey:
     entries: dict[str, EntryFound]
     temps: dict[str, ObjectInfo]
     """Temp files of atomic writes (``.NAME.durable-tmp-*``) anywhere under the root."""
+    stats: dict[str, Stat] = field(default_factory=dict)
+    """Stats (HEADs) already taken, by key: `split_recorded`'s, reused by record reads."""
+    split: bool = False
+    """Whether `split_recorded` has run on this survey."""
     _keys: list[str] = field(default_factory=list, repr=False)
 
     def entry_path(self, key: str) -> str:
@@ -178,6 +195,81 @@ class Survey:
                 owner = "/".join([*parts[:i], parts[i + 1]])
                 found |= {a for a in _ancestors(owner) if a in self.entries}
         return sorted(found, key=lambda k: (k.count("/"), k) if k else (-1, k))
+
+
+#: What one stat of an object found: its info (None: gone), or why it could not be stat-ed.
+Stat = ObjectInfo | None | str
+
+
+def stat_objects(adapter: Adapter, paths: list[str], workers: int = _WORKERS,
+                 progress: Callable[[int, int], None] | None = None) -> list[Stat]:
+    """One stat (HEAD) per path, in parallel: a listing never shows user metadata, so this
+    is how an object carrying its own commit record is told from plain data. An error is
+    returned as its text, never raised: one object that cannot be stat-ed must not hide
+    the others, and each caller decides what unknown means (kept, ERROR)."""
+    def head(path: str) -> Stat:
+        try:
+            return adapter.info(path)
+        except (DurableError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    out: list[Stat] = []
+    if paths:
+        with ThreadPoolExecutor(max(1, min(workers, len(paths)))) as pool:
+            for n, st in enumerate(pool.map(head, paths), 1):
+                out.append(st)
+                if progress is not None:
+                    progress(n, len(paths))
+    return out
+
+
+#: An unmarked directory with more objects than this is not stat-ed object by object by
+#: scan and verify (a legacy zarr of a million chunks would cost a million HEADs): its row
+#: says so. mark-complete, which reads every object anyway, stats them all.
+SPLIT_LIMIT = 1000
+
+
+def split_recorded(sv: Survey, *, every: bool = False, workers: int = _WORKERS,
+                   progress: Callable[[int, int], None] | None = None) -> None:
+    """Make each object of an unmarked directory entry that carries its own commit record
+    an entry of its own (see the module doc); on adapters with ``object_records`` only, once
+    per survey. One stat per object of each unmarked directory with no records.
+
+    Without it, ``ckpt/`` holding ``atomic_write``'s objects was one INCOMPLETE entry that
+    `verify` skipped and `mark-complete` adopted under a directory marker, which the next
+    ``atomic_write`` of one of them broke. An object that cannot be stat-ed is split off
+    too: unknown is never adopted as plain data, and its row says why (ERROR).
+    ``every``: also directories over `SPLIT_LIMIT` objects (mark-complete); otherwise those
+    are left unchecked, and their rows say so.
+    """
+    if not sv.adapter.capabilities.object_records:
+        return
+    # Again on a survey split before: only the directories the limit left unchecked.
+    dirs = sorted(k for k, f in sv.entries.items()
+                  if k and k not in sv.listing and f.marker is None and not f.records
+                  and (not sv.split or f.unchecked))
+    sv.split = True
+    for d in dirs:
+        sv.entries[d].unchecked = not every and len(sv.data(d)) > SPLIT_LIMIT
+    dirs = [d for d in dirs if not sv.entries[d].unchecked]
+    owned = [(d, f"{d}/{rel}") for d in dirs for rel in sv.data(d)]
+    stats = stat_objects(sv.adapter, [sv.entry_path(k) for _, k in owned], workers, progress)
+    for (d, key), st in zip(owned, stats, strict=True):
+        sv.stats[key] = st
+        if isinstance(st, str) or (st is not None and carries_record(st.record)):
+            sv.entries[d].recorded.append(key)
+    for d in dirs:
+        f = sv.entries[d]
+        if not f.recorded:
+            continue
+        for key in f.recorded:
+            info = sv.listing[key]
+            sv.entries[key] = EntryFound(key, objects=1, size=info.size, newest=info.modified)
+        split = set(f.recorded)
+        rest = [i for k, i in sv.data(d).items() if f"{d}/{k}" not in split]
+        f.objects, f.size, f.newest = len(rest), sum(i.size for i in rest), _newest(rest)
+        if not rest:
+            del sv.entries[d]  # only recorded objects: no unmarked data left to report
 
 
 @dataclass(frozen=True)
@@ -302,7 +394,11 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
             if what == "marker":
                 return Entry(sv.entry_path(key), adapter=sv.adapter).read_marker()
             if what == "own":
-                info = sv.adapter.info(path)
+                # A stat `split_recorded` took already is not taken again.
+                info = sv.stats[key] if key in sv.stats else sv.adapter.info(path)
+                if isinstance(info, str):
+                    return (f"{sv.url(key)}: could not be stat-ed to read the commit record "
+                            f"in its metadata ({info})")
                 return Marker.from_metadata(info.record if info else None, sv.url(key))
         except (DurableError, OSError) as exc:
             # One unreadable or corrupt record must not hide every other entry.
@@ -348,6 +444,7 @@ def scan_survey(sv: Survey, *, workers: int = _WORKERS,
                 progress: Callable[[int, int], None] | None = None,
                 now: float | None = None) -> list[ScanRow]:
     """The rows of `scan` for a survey already made."""
+    split_recorded(sv, workers=workers, progress=progress)
     records = read_records(sv, sorted(sv.entries), workers=workers, progress=progress)
     at = time.time() if now is None else now
     rows = [_row(sv, key, f, records[key], at) for key, f in sv.entries.items()]
@@ -474,6 +571,13 @@ def _row(sv: Survey, key: str, f: EntryFound, rec: Records, now: float) -> ScanR
                            f"{len(f.attempts)})")
         if not reasons:
             reasons.append("records but no commit marker and no data")
+        if f.recorded:
+            reasons.append(f"{len(f.recorded)} objects in it carry their own commit "
+                           "records: entries of their own")
+        if f.unchecked:
+            reasons.append(f"not checked for objects carrying their own records (over "
+                           f"{SPLIT_LIMIT:,} objects: one HEAD each; `durable verify URL` "
+                           "of one of them checks it)")
         return ScanRow(url, incomplete, "; ".join(reasons), f.objects, f.size, **extra)
 
     assert marker.manifest is not None

@@ -67,8 +67,8 @@ class Serializer(ABC):
 
 
 def _read(adapter: Adapter, path: str) -> bytes | bytearray | None:
-    if type(adapter).read is not Adapter.read:
-        return adapter.read(path)  # the adapter's own: fewer requests (S3: one GET)
+    if type(adapter).open_whole is not Adapter.open_whole:
+        return adapter.read(path)  # info and body in one answer: fewer requests (S3: one GET)
     # Otherwise the same stat and open, read into a buffer of ours: the bytes land once,
     # where a NumPy array can use them as they are (read() + copy costs 5x on 1 MiB).
     info = adapter.info(path)

@@ -310,13 +310,17 @@ class Place:
         return spec
 
     def read(self, path: str, context: ts.Context, limit: int) -> bytes | None:
-        """A small object of the entry (its marker), whole, through tensorstore's client;
-        None if absent. ValueError if over ``limit`` bytes."""
+        """A small object of the entry (its marker, a zarr.json), whole; None if absent.
+        ValueError if over ``limit`` bytes.
+
+        A remote one through tensorstore's client (a tenth of the CPU of a request through
+        s3fs); a local one through the adapter: 9 us, where opening a tensorstore kvstore
+        to read it took 120 us (an open reads two: a quarter of a W1 open on file)."""
         driver = self.spec["driver"]
         if driver == "file":
-            spec: dict[str, Any] = {"driver": "file", "path": path}
-        elif driver == "memory":
-            spec = {"driver": "memory", "path": path.strip("/")}
+            return self.entry.adapter.read(path, limit=limit)
+        if driver == "memory":
+            spec: dict[str, Any] = {"driver": "memory", "path": path.strip("/")}
             context = _MEMORY
         else:
             spec = {**self.spec, "path": self.bucket_key(path)}

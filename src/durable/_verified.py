@@ -4,13 +4,21 @@ A short body (incident 003's download shorter than its Content-Length), an error
 served as the object, an object short by whole parts behind a full-size HEAD (incident
 002), a flipped byte: each is an IntegrityError naming the object, and none of its bytes
 are returned by `read_verified`.
+
+An object with no record (no CRC32C to catch anything) is still never an error page: a
+body of at most 64 KiB that is an object store's error document (`error_document`) is an
+IntegrityError on every read path, before its last bytes are handed out.
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import json
+import re
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 from durable._checksum import Checksum, crc_to_hex
 from durable._checksum import crc32c as crc32c_of
@@ -20,9 +28,65 @@ from durable._protocol import RECORDS_DIR, Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters._ranged import seek_position
 
-__all__ = ["find_record", "open_verified", "read_verified"]
+__all__ = ["error_document", "find_record", "open_verified", "read_verified"]
 
 _MAX_DEPTH = 32
+
+#: S3, GCS and Azure error documents are a few hundred bytes (well under 4 KiB); a larger
+#: body is never taken for one, so no object of a real size can be refused by the sniff.
+ERROR_DOC_LIMIT = 64 * 1024
+_BOM = b"\xef\xbb\xbf"
+_DTD = re.compile(rb"<!DOCTYPE|<!ENTITY", re.IGNORECASE)
+
+
+def error_document(data: bytes | bytearray) -> tuple[str, str] | None:
+    """(code, message) if ``data`` is an object store's error document, else None.
+
+    XML (S3, GCS XML API, Azure): after an optional BOM and whitespace, an XML declaration
+    or ``<Error>``, and an ``<Error>`` root with ``<Code>`` and ``<Message>`` children.
+    JSON (GCS JSON API): ``{"error": {"code": 4xx/5xx, "message": "..."}}`` and nothing
+    else at the top. At most `ERROR_DOC_LIMIT` bytes.
+    """
+    if len(data) > ERROR_DOC_LIMIT:
+        return None
+    body = bytes(data).removeprefix(_BOM).lstrip()
+    if body.startswith((b"<?xml", b"<Error>")):
+        if _DTD.search(body):
+            return None  # error documents have no DTD; one could expand entities
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError:
+            return None
+        code = (root.findtext("Code") or "").strip()
+        if root.tag != "Error" or not code or root.find("Message") is None:
+            return None
+        return code, (root.findtext("Message") or "").strip()
+    if body.startswith(b"{"):
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
+            return None
+        err = doc.get("error") if isinstance(doc, dict) and doc.keys() == {"error"} else None
+        if not isinstance(err, dict):
+            return None
+        status, text = err.get("code"), err.get("message")
+        # bool is an int: {"code": true} is not a status
+        if type(status) is int and 400 <= status <= 599 and isinstance(text, str):
+            return str(status), text
+    return None
+
+
+def refuse_error_document(url: str, data: bytes | bytearray) -> None:
+    """IntegrityError if ``data``, the whole unrecorded object, is an error document."""
+    found = error_document(data)
+    if found is None:
+        return
+    code, message = found
+    raise IntegrityError(
+        f"{url}: the body is an object store's error document with code {code} "
+        f"({message[:200]!r}) served as the object (a gateway or cache answering with an "
+        "error page); it is not returned as data", url=url, expected="the object's bytes",
+        found=f"an error document ({code})")
 
 
 @dataclass(frozen=True)
@@ -89,22 +153,41 @@ def find_record(adapter: Adapter, path: str, info: ObjectInfo | None = None, *,
 
 def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
               require_record: bool, info: ObjectInfo | None = None, *,
-              stat_taken: bool = False) -> tuple[int | None, int | None]:
+              stat_taken: bool = False,
+              body: BinaryIO | None = None) -> tuple[int | None, int | None]:
     """What the object is checked against: the sizes given, else its record (``info``,
-    ``stat_taken``: as `find_record` takes them)."""
+    ``stat_taken``: as `find_record` takes them; ``body``: a reader of ``info``'s
+    version, if one is open)."""
     if size is not None or crc32c is not None:
         return size, crc32c
     found = find_record(adapter, path, info, stat_taken=stat_taken)
     if found is None:
         if require_record:
-            raise IncompleteError(
-                f"{adapter.url(path)}: no commit record covers this object, so there is "
-                "nothing to verify it against (write it with durable.atomic_write or "
-                "Entry.writing(), adopt it with Entry.mark_complete(), or pass "
-                "expected_size=/expected_crc32c=)", url=adapter.url(path),
-                state=State.INCOMPLETE)
+            _unrecorded(adapter, path, info if stat_taken else adapter.info(path), body)
         return None, None
     return found.record.size, found.record.crc32c
+
+
+def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
+                body: BinaryIO | None) -> NoReturn:
+    """Why an object no record covers cannot be read: it is not there (FileNotFoundError),
+    it is an error page served in its place (IntegrityError), or it is unrecorded
+    (IncompleteError). Only this failure path costs the stat or read it takes."""
+    url = adapter.url(path)
+    if info is None:
+        raise FileNotFoundError(errno.ENOENT, "no such object", url)
+    if 0 < info.size <= ERROR_DOC_LIMIT:
+        f = body if body is not None else adapter.open_read(path, info)
+        try:
+            refuse_error_document(url, f.read(ERROR_DOC_LIMIT + 1))
+        finally:
+            if body is None:
+                f.close()
+    raise IncompleteError(
+        f"{url}: no commit record covers this object, so there is nothing to verify it "
+        "against (write it with durable.atomic_write or Entry.writing(), adopt it with "
+        "Entry.mark_complete(), or pass expected_size=/expected_crc32c=)", url=url,
+        state=State.INCOMPLETE)
 
 
 def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
@@ -115,7 +198,9 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
     The record is the one in the object's own metadata, else its commit marker (or its
     entry's manifest), unless ``expected_size``/``expected_crc32c`` are given. Without
     either: IncompleteError, unless ``require_record=False``, in which case only the length
-    the store declares is checked against the bytes that arrive.
+    the store declares is checked against the bytes that arrive. Without a CRC32C to check,
+    an object store's error document served as the object (`error_document`) is an
+    IntegrityError, never data. No object at all: FileNotFoundError naming the URL.
     """
     adapter, path = resolve(url, storage_options)
     where = adapter.url(path)
@@ -126,7 +211,8 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
     opened = adapter.open_whole(path) if first else None
     try:
         size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record,
-                              opened[0] if opened is not None else None, stat_taken=first)
+                              opened[0] if opened is not None else None, stat_taken=first,
+                              body=opened[1] if opened is not None else None)
         if not first:
             opened = adapter.open_whole(path)
         if opened is None:
@@ -152,6 +238,9 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
         raise IntegrityError(f"{where}: CRC32C {crc_to_hex(got)}, the record says "
                              f"{crc_to_hex(crc)} (corrupt data)", url=where,
                              expected=crc_to_hex(crc), found=crc_to_hex(got))
+    if crc is None:
+        # Nothing recorded to catch an error page served as the object (no CRC32C).
+        refuse_error_document(where, data)
     return data
 
 
@@ -165,7 +254,9 @@ def open_verified(url: str, mode: str = "rb", *,
     taken for end of file). Read front to back, the CRC32C is checked as the bytes pass
     and a mismatch raises on the read that reaches the end, withholding that read's bytes.
     On the first seek away from sequential order (torch.load and zip readers jump to the
-    end first), the whole object is checked once before any byte is returned.
+    end first), the whole object is checked once before any byte is returned. Without a
+    CRC32C, an object of at most 64 KiB is checked the same way for being an error document
+    (`error_document`): at its last byte when read in order, whole at the first seek away.
     """
     if mode not in ("rb", "r"):
         raise ValueError(f"open_verified reads bytes: mode must be 'rb', got {mode!r}")
@@ -209,7 +300,11 @@ class VerifiedReader(io.RawIOBase):
         self._f = adapter.open_read(path, info)
         self._pos = 0
         self._seq = Checksum()  # CRC of bytes [0, _seq.size) read in order
-        self._verified = crc32c is None
+        # No CRC32C to catch an error page served as the object: a small object's bytes
+        # are kept as they are read in order and looked at before the last ones go out.
+        self._sniff = crc32c is None and 0 < self._size <= ERROR_DOC_LIMIT
+        self._head = bytearray()
+        self._verified = crc32c is None and not self._sniff
 
     def readable(self) -> bool:
         return True
@@ -230,13 +325,16 @@ class VerifiedReader(io.RawIOBase):
 
     def _verify_whole(self) -> None:
         ck = Checksum()
+        head = bytearray()
         with self._adapter.open_read(self._path, self._info) as f:
             while block := f.read(8 * 1024 * 1024):
                 ck.update(block)
-        self._check(ck)
+                if self._sniff:
+                    head += block
+        self._check(ck, head)
         self._verified = True
 
-    def _check(self, ck: Checksum) -> None:
+    def _check(self, ck: Checksum, head: bytearray) -> None:
         if ck.size != self._size:
             raise IntegrityError(
                 f"{self._url}: {ck.size} bytes arrived, {self._size} expected (a short or "
@@ -246,6 +344,8 @@ class VerifiedReader(io.RawIOBase):
                 f"{self._url}: CRC32C {crc_to_hex(ck.crc)}, the record says "
                 f"{crc_to_hex(self._crc)} (corrupt data)", url=self._url,
                 expected=crc_to_hex(self._crc), found=crc_to_hex(ck.crc))
+        if self._sniff:
+            refuse_error_document(self._url, head)
 
     def readinto(self, buffer: Any) -> int:
         want = min(len(buffer), max(0, self._size - self._pos))
@@ -269,8 +369,10 @@ class VerifiedReader(io.RawIOBase):
             got += len(chunk)
         if not self._verified and self._pos == self._seq.size:
             self._seq.update(view[:got])
+            if self._sniff:
+                self._head += view[:got]
             if self._seq.size == self._size:
-                self._check(self._seq)  # raises before these bytes are handed out
+                self._check(self._seq, self._head)  # raises before these go out
                 self._verified = True
         self._pos += got
         return got

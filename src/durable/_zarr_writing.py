@@ -4,16 +4,26 @@ Every chunk zarr sets is written to the entry and its size and CRC32C recorded f
 bytes zarr handed over (no second read); deletes (fill-value chunks, resizes) are
 forgotten. Metadata documents go to a staging area beside the entry and are read from it
 first, so the writer and the other processes of the same write see them and plain readers
-do not; `WritingStore.publish` copies them into the entry at commit.
+do not; `WritingStore.publish` copies them into the entry at commit. A fresh write that
+offers no resume (`durable.zarr.write`, a fresh `durable.xarray.to_zarr`) defers even
+that: the documents stay in the coordinator's memory until the store is pickled for
+another process (then they are staged, whole, before the pickle exists), and are
+published from memory otherwise. A writer killed before then leaves chunks and no
+metadata anywhere: no array for plain readers, INCOMPLETE for durable, and nothing to
+resume on (a retry with ``overwrite=True`` starts over).
 
 Requests on an object store, besides one PUT per chunk: three to start (`Entry.writing`),
-a PUT of each metadata document into staging and one into the entry, a LIST of the
-records and one of the entry at publish (the commit reuses both), the marker and one
-DeleteObjects; for one array 9, against plain zarr's 3 (a HEAD and a LIST looking for an
-existing node, the PUT). The looks cost nothing here: the coordinator of a fresh write
-keeps what it staged and answers metadata reads from it until it hands the store to
-another process; and publishing skips the GET of a staged document still listed with the
-ETag its own PUT got.
+a PUT of each metadata document into the entry, a LIST of the entry at publish (the
+commit reuses it), the marker and one DeleteObjects (the attempt record); for one array 7,
+against plain zarr's 3 (a HEAD and a LIST looking for an existing node, the PUT). Staged
+eagerly (`writing()` by default, or once handed to another process), each document is
+also PUT into staging, and the publish lists the records (another writer's marker, what
+is staged; the commit reuses the listing): 9. Deferred, that LIST is skipped only where
+the store enforces create-only: the marker then decides a race, as in the commit; where
+it does not, the LIST is what stops a writer publishing over another's committed chunks.
+The looks cost nothing here: the coordinator of a fresh write keeps what it staged and
+answers metadata reads from it until it hands the store to another process; and
+publishing skips the GET of a staged document still listed with the ETag its own PUT got.
 
 Records go to the `EntryWriter` in the coordinating process; a store unpickled in another
 process (a dask worker) records into that process's manifest fragment instead.
@@ -33,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.sync import sync
-from zarr.storage import FsspecStore, LocalStore, WrapperStore
+from zarr.storage import LocalStore, WrapperStore
 
 from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter
@@ -41,6 +51,7 @@ from durable._errors import AlreadyCompleteError
 from durable._fragments import FragmentRecorder
 from durable._protocol import MARKER_NAME
 from durable._zarr_reading import get_whole, inner_store
+from durable._zarr_staged import Staged, put, tag
 from durable.adapters import ObjectInfo
 
 if TYPE_CHECKING:
@@ -135,51 +146,9 @@ async def _crc(value: Buffer) -> tuple[int, int]:
     return view.nbytes, crc32c(view)
 
 
-class _Staged:
-    """The metadata documents a write staged through one store and its clones.
-
-    ``docs``: key -> (bytes, the ETag the store answered the PUT with, if any); a staged
-    object listed with that ETag holds exactly these bytes, so publishing needs no GET of
-    it. ``complete``: these are all the metadata documents of the write, so metadata reads
-    are answered from here with no request. True only for the coordinator's store of a
-    fresh write (`coordinating`: the entry and its staging area held no metadata when the
-    block started) and only until a copy of the store is pickled: another process may
-    stage documents of its own. A staging request that fails ends it too (whether it
-    landed is unknown).
-    """
-
-    __slots__ = ("complete", "docs")
-
-    def __init__(self, complete: bool) -> None:
-        self.docs: dict[str, tuple[bytes, str | None]] = {}
-        self.complete = complete
-
-    def forget(self, prefix: str) -> None:
-        """Drop the documents at or below ``prefix`` ("" for all)."""
-        head = prefix.rstrip("/")
-        for key in [k for k in self.docs if not head or k == head or k.startswith(f"{head}/")]:
-            del self.docs[key]
-
-
-async def _put(store: Store, key: str, data: bytes) -> str | None:
-    """Write ``data`` at ``key`` of ``store``; the ETag the store answered, if it gave one."""
-    if isinstance(store, FsspecStore):
-        store._check_writable()
-        root = store.path.rstrip("/")
-        # fsspec's own call rather than FsspecStore.set, which drops the store's answer.
-        answer = await store.fs._pipe_file(f"{root}/{key}" if root else key, data)
-        tag = answer.get("ETag") if isinstance(answer, dict) else None
-        return _tag(tag)
-    from zarr.core.buffer import default_buffer_prototype
-
-    await store.set(key, default_buffer_prototype().buffer.from_bytes(data))
-    return None
-
-
-def _tag(raw: object) -> str | None:
-    """An ETag without its quotes (listings and PUT answers may quote it differently)."""
-    text = raw.strip().strip('"') if isinstance(raw, str) else ""
-    return text or None
+async def _keys(keys: Iterable[str]) -> AsyncIterator[str]:
+    for key in keys:
+        yield key
 
 
 async def _union(*iterators: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -202,7 +171,7 @@ class WritingStore(WrapperStore[Store]):
     def __init__(self, url: str, *, attempt: str, storage_options: Mapping[str, Any] | None,
                  recorder: Recorder | None = None, read_only: bool = False,
                  _stores: tuple[Store, Store] | None = None,
-                 _staged: _Staged | None = None) -> None:
+                 _staged: Staged | None = None) -> None:
         self._url = url
         self._attempt = attempt
         self._storage_options = dict(storage_options or {})
@@ -214,7 +183,7 @@ class WritingStore(WrapperStore[Store]):
         super().__init__(_stores[0])
         self._staging = _stores[1]
         self._recorder = recorder or _recorder_for(url, self._storage_options, attempt)
-        self._staged = _staged or _Staged(complete=False)
+        self._staged = _staged or Staged(complete=False)
 
     # identity, pickling ------------------------------------------------------------------
     def _clone(self, data: Store, staging: Store) -> WritingStore:
@@ -232,7 +201,11 @@ class WritingStore(WrapperStore[Store]):
         return self._clone(self._store.with_read_only(read_only), self._staging)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Handed to another process, which may stage metadata this one must then read.
+        # Handed to another process, which needs the documents held only here (they go
+        # to staging first) and may stage metadata this one must then read.
+        if self._staged.deferred:  # no Entry built per pickle (dask pickles per task)
+            entry = Entry(self._url, storage_options=self._storage_options)
+            self._staged.hand_off(f"{entry.layout.records}/{STAGING}", entry.adapter)
         self._staged.complete = False
         return {"url": self._url, "attempt": self._attempt, "read_only": self.read_only,
                 "storage_options": self._storage_options}
@@ -300,10 +273,9 @@ class WritingStore(WrapperStore[Store]):
     async def delete(self, key: str) -> None:
         # zarr deletes chunks equal to the fill value and chunks a resize cut off.
         self._check_open()
-        if is_metadata(key):
+        if is_metadata(key) and self._staged.forget(key):
             with self._staging_changes(key):
                 await self._staging.delete(key)
-            self._staged.forget(key)
         await self._store.delete(key)
         self._recorder.forget(key)
 
@@ -311,22 +283,24 @@ class WritingStore(WrapperStore[Store]):
         self._check_open()
         keys = [k async for k in self._store.list_prefix(prefix)]
         await self._store.delete_dir(prefix)
-        with self._staging_changes(prefix):
-            await self._staging.delete_dir(prefix)
-        self._staged.forget(prefix)
+        if self._staged.forget(prefix):
+            with self._staging_changes(prefix):
+                await self._staging.delete_dir(prefix)
         for key in keys:
             self._recorder.forget(key)
 
     async def _stage(self, key: str, data: bytes) -> None:
+        if self._staged.hold(key, data):
+            return
         with self._staging_changes(key):
-            tag = await _put(self._staging, key, data)
+            tag = await put(self._staging, key, data)
         self._staged.docs[key] = (data, tag)
 
     @contextlib.contextmanager
     def _staging_changes(self, prefix: str) -> Iterator[None]:
         """Around a change of the staged documents at or below ``prefix``: if it fails, it
         may or may not have landed, so what is held of them is dropped and metadata reads
-        go back to asking staging (`_Staged.complete` ends)."""
+        go back to asking staging (`Staged.complete` ends)."""
         try:
             yield
         except BaseException:
@@ -341,7 +315,7 @@ class WritingStore(WrapperStore[Store]):
     async def get(self, key: str, prototype: BufferPrototype,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
         if is_metadata(key) and byte_range is None and self._staged.complete:
-            # Every metadata document of this write is held here (see _Staged): what is
+            # Every metadata document of this write is held here (see Staged): what is
             # not held is in neither staging nor the entry.
             held = self._staged.docs.get(key)
             return None if held is None else prototype.buffer.from_bytes(held[0])
@@ -381,15 +355,27 @@ class WritingStore(WrapperStore[Store]):
         return any(buf is not None for buf in found)
 
     async def is_empty(self, prefix: str) -> bool:
+        if self._staged.deferred:
+            return not self._staged.held_keys(prefix) and await self._store.is_empty(prefix)
         return await self._store.is_empty(prefix) and await self._staging.is_empty(prefix)
 
+    # Listings: what is staged (held, while deferred) and what is in the entry.
     def list(self) -> AsyncIterator[str]:
+        if self._staged.deferred:
+            return _union(_keys(self._staged.held_keys("")), self._store.list())
         return _union(self._staging.list(), self._store.list())
 
     def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        if self._staged.deferred:
+            return _union(_keys(self._staged.held_keys(prefix)),
+                          self._store.list_prefix(prefix))
         return _union(self._staging.list_prefix(prefix), self._store.list_prefix(prefix))
 
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        if self._staged.deferred:
+            cut = len(prefix.rstrip("/")) + 1 if prefix.rstrip("/") else 0
+            names = [k[cut:].partition("/")[0] for k in self._staged.held_keys(prefix)]
+            return _union(_keys(names), self._store.list_dir(prefix))
         return _union(self._staging.list_dir(prefix), self._store.list_dir(prefix))
 
     # commit --------------------------------------------------------------------------------
@@ -407,7 +393,7 @@ class WritingStore(WrapperStore[Store]):
             leftovers = [os.path.join(d, f) for d, _, files in os.walk(entry.path)
                          for f in files if _PARTIAL.search(f)]
             entry.adapter.delete(leftovers)
-        published = sync(self._publish(entry, writer))
+        staged = sync(self._publish(entry, writer))
         staging = f"{entry.layout.records}/{STAGING}"
         if local:
             # The whole dir: also any temp file a killed writer left in it.
@@ -415,9 +401,9 @@ class WritingStore(WrapperStore[Store]):
         elif writer is not None:
             # Published and recorded: a staged copy left by a crash before the marker is
             # the same document, and one left under a marker is inert.
-            writer.remove_when_done([f"{staging}/{key}" for key in published])
-        else:
-            entry.adapter.delete([f"{staging}/{key}" for key in published])
+            writer.remove_when_done([f"{staging}/{key}" for key in staged])
+        elif staged:
+            entry.adapter.delete([f"{staging}/{key}" for key in staged])
         if isinstance(self._recorder, FragmentRecorder):
             self._recorder.flush()
 
@@ -430,13 +416,22 @@ class WritingStore(WrapperStore[Store]):
         hand_over = writer is not None and not isinstance(self._store, LocalStore)
         listing = (asyncio.ensure_future(asyncio.to_thread(entry.adapter.list, entry.path))
                    if hand_over else None)
+        held = self._staged
         try:
-            # One listing of the records: another writer's marker, and what is staged. The
-            # commit reuses it (the workers' fragments were all flushed before it was
-            # taken).
-            records = await asyncio.to_thread(entry.adapter.list, entry.layout.records)
-            if writer is not None:
-                writer.use_listing(records=records)
+            records = None
+            if not held.deferred or held.touched or not entry.adapter.capabilities.create_only:
+                # One listing of the records: another writer's marker (without create-only
+                # the only thing that stops this writer publishing over its chunks), and
+                # what is staged. The commit reuses it (the workers' fragments were all
+                # flushed before it was taken).
+                records = await asyncio.to_thread(entry.adapter.list, entry.layout.records)
+                if writer is not None:
+                    writer.use_listing(records=records)
+            elif writer is not None:
+                # Never handed out: every document is held here, nothing was staged, and
+                # no other process records fragments of this attempt. The create-only
+                # marker decides a race with another writer, as the commit's does.
+                writer.use_listing(fragments=False)
             keys, published = await self._copy_staged(entry, records)
             if writer is not None and listing is not None:
                 # Listed before or after they landed, the documents are what their PUTs say.
@@ -447,12 +442,14 @@ class WritingStore(WrapperStore[Store]):
             raise
         return keys
 
-    async def _copy_staged(self, entry: Entry, records: dict[str, ObjectInfo]
+    async def _copy_staged(self, entry: Entry, records: dict[str, ObjectInfo] | None
                            ) -> tuple[tuple[str, ...], dict[str, ObjectInfo]]:
-        """Publish the documents ``records`` lists as staged: (their keys, what was put)."""
+        """Publish the documents ``records`` lists as staged, or (deferred) those held:
+        (the keys staged, to remove; what was put). ``records`` None: not listed."""
         from zarr.core.buffer import default_buffer_prototype
 
         proto = default_buffer_prototype()
+        records = records or {}
         keys = [k[len(STAGING) + 1:] for k in records
                 if k.startswith(f"{STAGING}/") and is_metadata(k)]
         if MARKER_NAME in records:
@@ -467,7 +464,7 @@ class WritingStore(WrapperStore[Store]):
 
         async def staged(key: str) -> bytes | None:
             held = self._staged.docs.get(key)
-            listed = _tag(records[f"{STAGING}/{key}"].version)
+            listed = tag(records[f"{STAGING}/{key}"].version)
             if held is not None and held[1] is not None and held[1] == listed:
                 # Listed with the ETag our own PUT was answered with: these very bytes.
                 return held[0]
@@ -475,18 +472,45 @@ class WritingStore(WrapperStore[Store]):
             buf = await get_whole(self._staging, key, proto)
             return None if buf is None else buf.to_bytes()
 
-        docs = dict(zip(keys, await asyncio.gather(*(staged(k) for k in keys)), strict=True))
+        docs: dict[str, bytes | None]
+        if self._staged.deferred:
+            # Held here is the whole truth: a copy staged by a failed hand-off may be older.
+            docs = {k: data for k, (data, _) in list(self._staged.docs.items())}
+        else:
+            docs = dict(zip(keys, await asyncio.gather(*(staged(k) for k in keys)),
+                            strict=True))
         tiers: dict[tuple[int, int], list[str]] = {}
-        for key in keys:
+        for key in docs:
             tiers.setdefault(_publish_tier(key), []).append(key)
         published: dict[str, ObjectInfo] = {}
 
+        # Deferred, the write is fresh: the entry held no metadata when it started (or was
+        # cleared), so a document already at a key is another writer's, published after
+        # this one began (one that went on with overwrite=True, and may have committed).
+        # Create-only, that publish fails here instead of landing over the other's
+        # committed metadata; the LIST of the records this path skips would only have
+        # narrowed that window.
+        exclusive = (self._staged.deferred and not self._staged.touched
+                     and entry.adapter.capabilities.create_only)
+
         async def copy(key: str) -> None:
             data = docs[key]
-            if data is None:
-                return  # gone since it was listed: a racing writer published it
+            if data is None or key in self._staged.published:
+                return  # gone since it was listed (a racing writer published it), or
+                # published by an earlier call of publish
             size, crc = await _crc(proto.buffer.from_bytes(data))
-            await _put(self._store, key, data)
+            if exclusive:
+                try:
+                    await asyncio.to_thread(entry.adapter.put, f"{entry.path}/{key}", data,
+                                            create_only=True, durable=False)
+                except FileExistsError as exc:
+                    raise AlreadyCompleteError(
+                        f"{entry.url}: another writer published {key} first (it started "
+                        "after this one, with overwrite=True, and may have committed): "
+                        "not publishing over it", url=entry.url) from exc
+                self._staged.published.add(key)
+            else:
+                await put(self._store, key, data)
             self._recorder.record(key, size, crc)
             published[key] = ObjectInfo(f"{entry.path}/{key}", size)
 
@@ -524,21 +548,24 @@ class WritingStore(WrapperStore[Store]):
 @contextlib.contextmanager
 def coordinating(entry: Entry, writer: EntryWriter, *,
                  storage_options: dict[str, Any] | None, hide: bool,
-                 fresh: bool = False) -> Iterator[WritingStore]:
+                 fresh: bool = False, deferred: bool = False) -> Iterator[WritingStore]:
     """The coordinator's store for ``writer``; on clean exit, workers flushed and published.
 
     ``hide``: move metadata already in the entry (an update, a resume) back to staging.
     ``fresh``: the writer started on an entry with no data and no records (neither a
     resume nor an update: `Entry.writing` refuses anything else, or clears it for
     ``overwrite=True``), so the store answers metadata reads from what it staged itself
-    until it is pickled (see `_Staged`): zarr's and xarray's looks for existing nodes cost
+    until it is pickled (see `Staged`): zarr's and xarray's looks for existing nodes cost
     no request.
+    ``deferred`` (only with ``fresh``): the documents are not staged at all until the store
+    is pickled (`Staged`): a writer killed before leaves chunks and no metadata anywhere,
+    so it cannot be resumed on them; nothing is staged, listed or removed for them.
     """
     _WRITERS[writer.attempt] = writer
     try:
         store = WritingStore(entry.url, attempt=writer.attempt,
                              storage_options=storage_options, recorder=writer,
-                             _staged=_Staged(complete=fresh))
+                             _staged=Staged(complete=fresh, deferred=deferred))
         if writer._baseline:
             # Updating a COMPLETE entry: anything staged is a leftover of a writer that
             # lost a race (or was killed after another committed), older than the

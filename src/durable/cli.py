@@ -31,13 +31,14 @@ Progress bars go to stderr, only when it is a terminal and never with ``--json``
 Exit codes:
 
 == ===================================================================================
-0  COMPLETE (status); every object matches (verify); the command ran (scan,
-   mark-complete, clean; a dry run included)
+0  COMPLETE (status); every object matches (verify: of one entry, or of at least one
+   entry under a ROOT); the command ran (scan, mark-complete, clean; a dry run included)
 1  an error: a marker that cannot be trusted, an I/O error, anything unexpected
 2  usage error: a bad option or argument (click's)
-3  INCOMPLETE (status, verify of one entry); scan with --fail-on-incomplete: some entry
+3  INCOMPLETE (status, verify of one entry); verify of a ROOT that verified nothing:
+   none of its entries has a commit record; scan with --fail-on-incomplete: some entry
    not COMPLETE
-4  ABSENT (status, verify of one entry)
+4  ABSENT (status, verify of one entry); verify of a ROOT with no entry under it
 5  verify found objects that do not match the manifest
 6  mark-complete --apply / clean --apply: some items failed (each listed with its
    error); the others were done
@@ -64,11 +65,14 @@ entry's state, and nothing was verified)::
                    "expected": ..., "found": ...}]}
 
 verify of a ROOT (every entry with a marker under it; ``results`` as above, one per
-entry; an unreadable marker is a problem with issue "unreadable")::
+entry; an unreadable marker is a problem with issue "unreadable"; ``state`` is null when
+some entry was verified, "INCOMPLETE" when none has a commit record, "ABSENT" when there
+is no entry at all, and then ``ok`` is false)::
 
-    {"root": str, "deep": bool, "ok": bool, "entries": int, "failed": int,
-     "objects": int, "bytes_checked": int, "results": [...],
-     "not_verified": [{"url": str, "reason": str}]}
+    {"root": str, "deep": bool, "ok": bool, "state": null | "INCOMPLETE" | "ABSENT",
+     "entries": int, "failed": int, "objects": int, "bytes_checked": int,
+     "results": [...], "not_verified": [{"url": str, "reason": str}],
+     "not_verified_objects": int}
 
 scan (``state`` "ERROR": the marker could not be read or trusted; ``reason`` says why;
 ``age`` in seconds, measured from ``age_source`` by ``age_clock``'s clock: the writer's
@@ -167,8 +171,9 @@ Exit codes:
   0  COMPLETE / verified / scan, mark-complete, clean done (dry runs too)
   1  error (untrustworthy marker, I/O, unexpected)
   2  usage error
-  3  INCOMPLETE (scan: with --fail-on-incomplete, some entry not COMPLETE)
-  4  ABSENT
+  3  INCOMPLETE (scan: with --fail-on-incomplete, some entry not COMPLETE;
+     verify ROOT: no entry under it has a commit record, nothing verified)
+  4  ABSENT (verify ROOT: no entry under it)
   5  verify found mismatches
   6  mark-complete/clean --apply: some items failed (listed); the rest done
 \b
@@ -435,9 +440,9 @@ def _root_or_entry(ctx: click.Context, url: str) -> tuple[Survey, dict[str, Reco
         return survey(adapter, path, listing=listing), {}
     if not listing or not adapter.capabilities.object_records:
         return None  # no entry below: URL is an entry that is INCOMPLETE or ABSENT
-    # No sidecar records below, but objects right under URL may carry their own record in
-    # their metadata (atomic_write on S3), which a listing does not show: then URL is a
-    # root of such entries, not one INCOMPLETE entry (one HEAD per such object, reused).
+    # No sidecar records below, but objects under URL may carry their own record in their
+    # metadata (atomic_write on S3, GCS, Azure), which a listing does not show: then URL is
+    # a root of such entries, not one INCOMPLETE entry (one HEAD per object, reused).
     sv = survey(adapter, path, listing=listing)
     records = own_records(sv)
     if not any(r.marker is not None for r in records.values()):
@@ -459,11 +464,13 @@ def verify(ctx: click.Context, url: str, deep: bool, as_json: bool, workers: int
     URL is one entry when it has a commit marker, or when no durable records lie below
     it (then it is INCOMPLETE or ABSENT: exit 3 or 4). Otherwise it is a ROOT, and every
     entry under it with a marker is verified, in parallel; entries without one are listed
-    as not verified. On S3, an object right under URL may carry its record in its own
-    metadata (atomic_write), which no listing shows: with no records below, each such
-    object is stat-ed (one HEAD each) and one carrying a record makes URL a ROOT. Every
-    mismatch is listed by object, with what the manifest expected and what was found; any
-    mismatch exits 5.
+    as not verified. On S3, GCS and Azure, an object may carry its record in its own
+    metadata (atomic_write), which no listing shows: with no records below URL, each
+    object under it in a folder without records is stat-ed (one HEAD each), and one
+    carrying a record makes URL a ROOT, that object an entry of its own. Every mismatch is
+    listed by object, with what the manifest expected and what was found; any mismatch
+    exits 5. A ROOT where nothing could be verified exits 3 (entries, none with a commit
+    record) or 4 (no entry at all), never 0.
     """
     root = _root_or_entry(ctx, url)
     if root is not None:
@@ -501,13 +508,24 @@ def _show(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _root_state(report: RootVerifyReport) -> State | None:
+    """None if some entry was verified; else what the root is, to a verify: nothing under
+    it has a commit record (INCOMPLETE) or there is nothing (ABSENT)."""
+    if report.reports:
+        return None
+    return State.INCOMPLETE if report.not_verified else State.ABSENT
+
+
 def root_verify_doc(report: RootVerifyReport) -> dict[str, Any]:
+    state = _root_state(report)
     return {"root": report.root, "deep": report.deep, "ok": report.ok,
+            "state": None if state is None else state.value,
             "entries": len(report.reports), "failed": sum(not r.ok for r in report.reports),
             "objects": sum(r.objects for r in report.reports),
             "bytes_checked": sum(r.bytes_checked for r in report.reports),
             "results": [verify_doc(r) for r in report.reports],
-            "not_verified": [asdict(n) for n in report.not_verified]}
+            "not_verified": [asdict(n) for n in report.not_verified],
+            "not_verified_objects": report.not_verified_objects}
 
 
 def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], deep: bool,
@@ -515,8 +533,16 @@ def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], de
     with _ticking(not as_json, f"verifying {sv.adapter.url(sv.path)}") as tick:
         report = verify_root(sv, deep=deep, workers=workers, progress=tick, records=records)
     doc = root_verify_doc(report)
+    state = _root_state(report)
     if as_json:
         _emit_json(doc)
+    elif state is not None:
+        # Nothing was checked: say what is there, never "OK".
+        found = (f"no entry under it has a commit record; {len(report.not_verified)} "
+                 f"entries without one ({report.not_verified_objects} objects), not verified"
+                 if report.not_verified else "no entries under it")
+        _console().print(_state_text(state.value),
+                         Text(f"nothing verified under {doc['root']}: {found}"))
     else:
         console = _console()
         failed = [r for r in report.reports if not r.ok]
@@ -531,9 +557,12 @@ def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], de
         summary = (f"{doc['entries']} entries under {doc['root']} verified ({checked}): "
                    f"{doc['failed']} with mismatches, {doc['entries'] - doc['failed']} OK")
         if report.not_verified:
-            summary += f"; {len(report.not_verified)} without a marker, not verified"
+            summary += (f"; {len(report.not_verified)} without a marker "
+                        f"({report.not_verified_objects} objects), not verified")
         console.print(Text(summary), Text("OK", style="green") if report.ok
                       else Text("FAILED", style="red"))
+    if state is not None:
+        ctx.exit(_STATE_EXIT[state])
     ctx.exit(EXIT_OK if report.ok else EXIT_MISMATCH)
 
 
@@ -557,9 +586,13 @@ def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: b
     """Every entry under ROOT: state, size, objects, age, and the writer holding its lease.
 
     One listing of ROOT, then one small read per marker, per attempt record of an
-    unmarked entry and per lease file: never a request per object. Ages are measured
-    from the marker's committed_at (COMPLETE), the newest attempt's started_at (a
-    writer's clock), or else the newest object's modification time (the store's clock).
+    unmarked entry and per lease file: never a request per object, except on S3, GCS
+    and Azure one HEAD per object of an unmarked folder (objects written by atomic_write
+    carry their commit record in their metadata, which no listing shows: each such
+    object is an entry of its own, as a file with its marker is on a disk). Ages are
+    measured from the marker's committed_at (COMPLETE), the newest attempt's started_at
+    (a writer's clock), or else the newest object's modification time (the store's
+    clock).
     """
     adapter, path = _resolve(ctx, root)
     with _ticking(not as_json, f"listing {root}") as tick:
@@ -605,7 +638,9 @@ Without --apply it is a dry run: it lists what it would mark. Candidates are
 the unmarked entries `durable scan` finds with no durable records at all.
 Skipped: entries already COMPLETE (it is idempotent: run it again to catch
 what was written since), entries where a durable writer started (attempt
-records) or that hold a lease, entries inside a committed entry.
+records) or that hold a lease, entries inside a committed entry, objects that
+carry their own commit record in their metadata (S3, GCS, Azure: atomic_write)
+and any folder holding one (one HEAD per object of each unmarked folder).
 
 Every object is read to record its size and CRC32C, which the manifest
 requires: there is no size-only adoption, so there is no --deep (reading

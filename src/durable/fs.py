@@ -37,7 +37,10 @@ What it guarantees, per object:
   check the bytes against the record when there is one (a whole-object CRC32C check
   before the first byte of a random-access read, as `durable.open_verified` does), and
   against the size the store declares otherwise: a short or corrupt body is an
-  IntegrityError, never data.
+  IntegrityError, never data, and so is an object store's error document (at most 64 KiB,
+  `durable._verified.error_document`) served as an unrecorded object, or as a recorded one
+  whose record it hides. ``get_file`` (what ``simplecache::durable::`` copies with) puts
+  the copy in place only once every byte passed: a refused body leaves no local file.
 - **Out of sight, out of the way.** Listings (``ls``, ``find``, ``glob``, ``walk``) hide
   the ``.durable`` record directories and local temp files; ``rm`` removes an object's
   record with it (the marker first).
@@ -58,14 +61,15 @@ from typing import Any, cast
 import fsspec
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.implementations.chained import ChainedFileSystem
-from fsspec.utils import stringify_path
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import isfilelike, stringify_path
 
 from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import RECORDS_DIR, Layout, Manifest, Marker, ObjectRecord, new_attempt_id
 from durable._verified import VerifiedReader, find_record
 from durable.adapters import adapter_for_fs
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
-from durable.adapters.local import TMP_MARK
+from durable.adapters.local import TMP_MARK, LocalAdapter
 
 __all__ = ["DurableFileSystem", "DurableReadFile", "DurableWriteFile"]
 
@@ -380,6 +384,22 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
                                  f"{info.size}", url=url, expected=size, found=info.size)
         raw = VerifiedReader(adapter, path, info, crc)
         return DurableReadFile(raw, fs=self, path=path, size=info.size)
+
+    def get_file(self, rpath: str, lpath: Any, callback: Any = DEFAULT_CALLBACK,
+                 outfile: Any = None, **kwargs: Any) -> None:
+        if outfile is not None or isfilelike(lpath) or self.isdir(rpath):
+            super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
+            return
+        # A temp file renamed into place once every byte passed: a refused body (short,
+        # corrupt, an error page) must leave no local file, which a cache in front
+        # (simplecache::durable::) would otherwise serve as the object from then on.
+        local = LocalAdapter(LocalFileSystem())
+        with self.open(rpath, "rb") as src, local.open_atomic(
+                LocalFileSystem._strip_protocol(stringify_path(lpath))) as dst:
+            callback.set_size(getattr(src, "size", None))
+            while block := src.read(_COPY_BLOCK):
+                dst.write(block)
+                callback.relative_update(len(block))
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None,
                  **kwargs: Any) -> bytes:

@@ -51,6 +51,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -380,9 +381,21 @@ def _check_listing(entry: Entry, marker: Marker, listing: dict[str, ObjectInfo])
         url=first.url, expected=first.expected, found=first.found)
 
 
+# Marker URL -> the bytes last read there and their decoding, least recently used first.
+_DECODED: OrderedDict[str, tuple[bytes, Marker]] = OrderedDict()
+_DECODED_LOCK = threading.Lock()
+_DECODED_MAX_BYTES = 16 * 1024 * 1024  # markers kept decoded, in marker bytes
+
+
 def _read_marker(place: Place, context: ts.Context) -> Marker | None:
-    """The entry's marker, read through tensorstore's client: an open reads it twice, and
-    a request through tensorstore costs a tenth of the CPU of one through s3fs."""
+    """The entry's marker (a remote one through tensorstore's client: a request through
+    tensorstore costs a tenth of the CPU of one through s3fs).
+
+    Read at every open; decoded again only when its bytes differ from the last ones read
+    there: decoding and checking the manifest costs more than reading it (2 ms for 1,024
+    chunks, 0.1 ms for W1's 64). The same bytes are the same commit and manifest, so the
+    cache cannot serve another commit's manifest, whatever happened in between.
+    """
     where = place.entry.adapter.url(place.entry.layout.marker)
     try:
         data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
@@ -390,9 +403,22 @@ def _read_marker(place: Place, context: ts.Context) -> Marker | None:
         raise MarkerError(f"{where}: {exc}", url=where) from None
     if data is None:
         return None
+    with _DECODED_LOCK:
+        known = _DECODED.get(where)
+        if known is not None and known[0] == data:
+            _DECODED.move_to_end(where)
+            return known[1]
     marker = Marker.decode(data, where)
-    # An external manifest (over 10,000 objects): the adapter fetches and checks it.
-    return place.entry.read_marker() if marker.manifest_ref is not None else marker
+    if marker.manifest_ref is not None:
+        # An external manifest (over 10,000 objects): the adapter fetches and checks it.
+        return place.entry.read_marker()
+    with _DECODED_LOCK:
+        _DECODED[where] = (data, marker)
+        _DECODED.move_to_end(where)
+        kept = sum(len(d) for d, _ in _DECODED.values())
+        while kept > _DECODED_MAX_BYTES and len(_DECODED) > 1:
+            kept -= len(_DECODED.popitem(last=False)[1][0])
+    return marker
 
 
 def _attempt_now(place: Place, context: ts.Context) -> str | None:

@@ -31,7 +31,8 @@ _V3_CONSOLIDATED_WARNING = r"Consolidated metadata is currently not part in the 
 
 def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None = None,
             mode: Literal["w", "w-", "a", "a-", "r+"] | None = None,
-            overwrite: bool = False, resume: bool = False, update: bool | None = None,
+            overwrite: bool | None = None, resume: bool = False,
+            update: bool | None = None,
             consolidated: bool = True,
             unrecorded: Literal["adopt", "error"] = "adopt", **xarray_kwargs: Any) -> Entry:
     """Write ``ds`` to ``url`` as one entry (``Dataset.to_zarr`` inside `durable.zarr.writing`).
@@ -39,10 +40,17 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
     ``mode`` is xarray's; by default ``"w-"`` for a new entry, ``"w"`` with
     ``resume=True`` (the killed attempt's chunks are rewritten), ``"a"`` with
     ``update=True``. ``update`` defaults to True for the modes that change an existing
-    dataset (``"a"``, ``"a-"``, ``"r+"``: append_dim, region). ``overwrite``, ``resume``,
+    dataset (``"a"``, ``"a-"``, ``"r+"``: append_dim, region). ``mode="w"`` means what it
+    means to xarray, replace what is there: ``overwrite`` defaults to True with it (unless
+    ``resume``), False otherwise. ``overwrite``, ``resume``,
     ``update`` and ``unrecorded`` are those of `durable.zarr.writing`. Other keyword
     arguments go to ``Dataset.to_zarr``; ``compute=False`` is refused (the commit must
     follow the writes). Returns the Entry.
+
+    A fresh write (neither ``resume`` nor ``update``) holds the metadata in memory until
+    the store goes to another process (``stage="on_handoff"`` of `durable.zarr.writing`,
+    as dask.distributed pickles it): killed before, it leaves chunks and no metadata
+    (INCOMPLETE); ``resume=True`` (mode ``"w"``) or ``overwrite=True`` rewrites it all.
     """
     if xarray_kwargs.get("compute", True) is False:
         raise ValueError("durable.xarray.to_zarr commits when the data is written, so it "
@@ -53,9 +61,13 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
         update = mode in ("a", "a-", "r+")
     if mode is None:
         mode = "w" if resume else "a" if update else "w-"
+    if overwrite is None:
+        overwrite = mode == "w" and not resume
     entry = Entry(url, storage_options=storage_options)
     with writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
-                 update=update, unrecorded=unrecorded) as store, warnings.catch_warnings():
+                 update=update, unrecorded=unrecorded,
+                 stage="eager" if resume or update else "on_handoff"
+                 ) as store, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
         ds.to_zarr(store, mode=mode, consolidated=consolidated, **xarray_kwargs)
     return entry

@@ -3,12 +3,15 @@
 Writing (`writing`, `write`): every chunk goes through a `WritingStore`, which records its
 size and CRC32C from the bytes zarr hands over (no second read). The metadata documents
 (``zarr.json``; ``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``) are *held back* in a
-staging area beside the entry (``PARENT/.durable/NAME/staged``) and published into the
-entry only at commit, after every chunk, deepest first and the root last; the marker
-follows. A writer killed at any point before that leaves chunks without metadata: plain
-``zarr.open``/``xarray.open_zarr`` find no array, and `durable` says INCOMPLETE
-(incident 001). A writer killed *during* the publish leaves only arrays whose chunks are
-all written (a plain reader sees whole arrays or none) and still no marker.
+staging area beside the entry (``PARENT/.durable/NAME/staged``), or (`write`,
+``stage="on_handoff"``) in the writer's memory until the store goes to another process,
+and published into the entry only at commit, after every chunk, deepest first and the
+root last; the marker follows. A writer killed at any point before that leaves chunks
+without metadata: plain ``zarr.open``/``xarray.open_zarr`` find no array, and `durable`
+says INCOMPLETE (incident 001); staged, the metadata lets ``writing(url, resume=True)``
+finish the write, held in memory it is gone and ``overwrite=True`` starts over. A writer
+killed *during* the publish leaves only arrays whose chunks are all written (a plain
+reader sees whole arrays or none) and still no marker.
 
 Reading (`open`, `VerifyingStore`): only a COMPLETE entry opens, and every key is checked
 against the manifest: a listed chunk must be there with its recorded size and CRC32C (a
@@ -41,7 +44,8 @@ __all__ = ["VerifyingStore", "WritingStore", "flush_fragments", "open", "write",
 @contextlib.contextmanager
 def writing(url: str, *, storage_options: dict[str, Any] | None = None,
             overwrite: bool = False, resume: bool = False, update: bool = False,
-            unrecorded: Literal["adopt", "error"] = "adopt") -> Iterator[WritingStore]:
+            unrecorded: Literal["adopt", "error"] = "adopt",
+            stage: Literal["eager", "on_handoff"] = "eager") -> Iterator[WritingStore]:
     """Write a zarr hierarchy or array at ``url`` as one entry; commit on clean exit.
 
     Yields the `WritingStore` to pass to zarr (``zarr.create_array(store, ...)``,
@@ -50,12 +54,26 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     COMPLETE entry in place (append, resize), its metadata hidden from plain readers
     until the new commit. ``unrecorded="error"`` refuses to commit chunks that no
     process recorded (instead of reading them back).
+
+    ``stage``: when the held-back metadata goes to the staging area beside the entry.
+    ``"eager"``: as zarr writes it, so a killed writer can be resumed
+    (``writing(url, resume=True)`` and ``zarr.open_array(store, mode="r+")`` find it).
+    ``"on_handoff"`` (a fresh write only): kept in this process's memory until the store
+    is pickled for another process (a dask worker), and published from memory otherwise:
+    2 requests fewer on an object store, but a writer killed before a hand-off leaves
+    chunks and no metadata anywhere (still no array for plain readers, INCOMPLETE for
+    durable), so the only retry is ``overwrite=True``. `write` uses it.
     """
+    if stage not in ("eager", "on_handoff"):
+        raise ValueError(f"stage must be 'eager' or 'on_handoff', got {stage!r}")
+    if stage == "on_handoff" and (resume or update):
+        raise ValueError("stage='on_handoff' is for fresh writes: a resumed or updated "
+                         "write reads the metadata staged or published before it")
     entry = Entry(url, storage_options=storage_options)
     with entry.writing(overwrite=overwrite, resume=resume, update=update,
                        unrecorded=unrecorded) as writer, coordinating(
             entry, writer, storage_options=storage_options, hide=resume or update,
-            fresh=not (resume or update)) as store:
+            fresh=not (resume or update), deferred=stage == "on_handoff") as store:
         yield store
 
 
@@ -68,6 +86,10 @@ def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "a
     ``create_kwargs`` go to `zarr.create_array`. ``checksum_codec=True`` (zarr format 3)
     appends zarr's ``crc32c`` codec to the compressors: 4 bytes and one CRC per chunk,
     checked by any zarr reader, and the only check byte-range (sharded) reads get.
+
+    The metadata is held in memory until the commit (``stage="on_handoff"`` of
+    `writing`): a write killed part-way leaves chunks and no metadata (INCOMPLETE);
+    retry it with ``overwrite=True``, which starts over.
     """
     if checksum_codec:
         if zarr_format != 3:
@@ -84,7 +106,8 @@ def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "a
             compressors = (compressors,)
         create_kwargs["compressors"] = (*compressors, Crc32cCodec())
     entry = Entry(url, storage_options=storage_options)
-    with writing(url, storage_options=storage_options, overwrite=overwrite) as store:
+    with writing(url, storage_options=storage_options, overwrite=overwrite,
+                 stage="on_handoff") as store:
         zarr.create_array(store, data=data, chunks=chunks, zarr_format=zarr_format,
                           **create_kwargs)
     return entry

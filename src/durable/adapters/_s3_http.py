@@ -66,7 +66,9 @@ def failure(exc: BaseException, url: str, what: str, *, pinned: str | None = Non
     status, code, message = error_fields(exc)
     if status is None:
         return OSError(f"{url}: {what} failed: {type(exc).__name__}: {exc}")
-    text = f"{url}: {what} answered HTTP {status} {code}: {message}".rstrip(": ")
+    # A HEAD's error has no body: botocore then gives the status as the code ("403").
+    label = f"HTTP {status} {code}" if code and code != str(status) else f"HTTP {status}"
+    text = f"{url}: {what} answered {label}: {message}".rstrip(": ")
     if status == 412 and create_only:
         return FileExistsError(f"{url} already exists (create-only {what}: HTTP 412)")
     if status == 412 and pinned is not None:

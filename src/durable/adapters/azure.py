@@ -15,6 +15,16 @@ whole-blob MD5 given with a block list, so none is computed; our CRC32C goes int
 manifest as for every store. Create-only is ``If-None-Match: *``; reads send ``If-Match``
 with the ETag seen at open, so a replaced blob fails the read (412).
 
+Records in the blob's own metadata (docs/protocol.md, "Records in object metadata"): Put
+Blob and Put Block List both set a blob's metadata with its bytes, so every write given a
+record at commit publishes it in that same request (`_AzureAtomicFile.carries_record` is
+always true) and no marker is written beside it. Azure metadata names are C# identifiers,
+so the core's ``durable-size`` travels as ``durable_size`` and is read back as
+``durable-size`` (`_to_azure`, `_record`); values pass through untouched, so the core judges
+a hostile record. `info` (Get Blob Properties) and `open_whole` (one ranged GET, whose
+headers carry the metadata) return the record. A single Put Blob answered with the MD5 of
+the bytes sent needs no stat to verify it (`verify_written`).
+
 A create-only write also names itself in the blob's metadata (``durable_write``): the SDK
 retries a request whose answer was lost, and when the first attempt had landed, the store
 refuses the retry (409). The blob is then read back, and if it carries this write's token
@@ -33,10 +43,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import io
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 
@@ -51,14 +62,17 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobBlock
 from fsspec.asyn import sync
 
+from durable._checksum import Checksum
 from durable._errors import IntegrityError
-from durable.adapters._ranged import open_pinned
+from durable._protocol import META_PREFIX, record_fields
+from durable.adapters._ranged import READ_AHEAD, open_pinned
 from durable.adapters.base import (
     Adapter,
     AtomicFile,
     Capabilities,
     ObjectInfo,
     Upload,
+    VerifyLevel,
     VersionMismatchError,
 )
 
@@ -76,6 +90,7 @@ _IN_FLIGHT = 16  # requests at once, deleting or looking at uploads
 _TOKEN = "durable_write"
 #: A block ID as `_AzureAtomicFile` names them: the writer's random prefix, the block number.
 _BLOCK_ID = re.compile(r"[0-9a-f]{16}-\d{6}")
+_RANGE_TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 
 
 def _error_code(exc: HttpResponseError) -> str | None:
@@ -117,9 +132,41 @@ def _is_folder(metadata: dict[str, str] | None) -> bool:
     return (metadata or {}).get("hdi_isfolder") == "true"
 
 
+#: How the core's record names (``durable-size``) are spelt in Azure metadata, whose names
+#: must be C# identifiers (a "-" is refused): ``durable_size``.
+_AZURE_PREFIX = META_PREFIX.replace("-", "_")
+
+
+def _to_azure(fields: Mapping[str, str]) -> dict[str, str]:
+    """The core's record fields as Azure metadata names; values untouched."""
+    return {key.replace("-", "_"): value for key, value in fields.items()}
+
+
+def _record(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """A blob's ``durable_*`` metadata under the core's names (``durable-*``), values as
+    stored: the exact inverse of `_to_azure`, since an Azure name never holds a "-"."""
+    return record_fields({key.replace("_", "-") if key.lower().startswith(_AZURE_PREFIX)
+                          else key: value for key, value in (metadata or {}).items()})
+
+
+class _WrittenChecksum(Checksum):
+    """The running size and CRC32C, and whether the store's answer proved the bytes."""
+
+    __slots__ = ("proven",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: A single Put Blob answered with the MD5 of exactly the bytes sent (the store
+        #: checked the Content-MD5 sent with them): `AzureAdapter.verify_written` needs no
+        #: stat. False for a block list (its answer names no whole-blob digest) and for a
+        #: retried create that found its own blob.
+        self.proven = False
+
+
 class _AzureAtomicFile(AtomicFile):
     def __init__(self, adapter: AzureAdapter, path: str, *, create_only: bool) -> None:
         super().__init__(path)
+        self.checksum: _WrittenChecksum = _WrittenChecksum()
         self._adapter = adapter
         self._create_only = create_only
         # Names this write in the blob's metadata: a create-only request refused by a blob
@@ -150,17 +197,30 @@ class _AzureAtomicFile(AtomicFile):
         del self._buf[:n]
         self._blocks.append(block_id)
 
+    @property
+    def carries_record(self) -> bool:
+        # Put Blob and Put Block List both set the blob's metadata with its bytes, and the
+        # record is asked for only at commit, when size and CRC32C are known.
+        return True
+
     def _commit(self) -> ObjectInfo:
         size = self.checksum.size
-        cond: dict[str, Any] = {}
+        # The record and the create-only token land with the bytes, in the same request.
+        metadata = {**(self._token or {}), **_to_azure(self.record or {})}
+        cond: dict[str, Any] = {"metadata": metadata} if metadata else {}
         if self._token is not None:
-            # If-None-Match: *
-            cond = {"match_condition": MatchConditions.IfMissing, "metadata": self._token}
+            cond["match_condition"] = MatchConditions.IfMissing  # If-None-Match: *
         try:
             if not self._blocks and len(self._buf) <= SINGLE_PUT:
-                reply = self._adapter._call(self.path, "upload_blob", bytes(self._buf),
-                                            length=len(self._buf), blob_type="BlockBlob",
-                                            overwrite=True, validate_content="md5", **cond)
+                data = bytes(self._buf)
+                reply = self._adapter._call(self.path, "upload_blob", data, length=len(data),
+                                            blob_type="BlockBlob", overwrite=True,
+                                            validate_content="md5", **cond)
+                # The MD5 the store answers is of the bytes it stored: equal to ours, no
+                # stat is needed to know it holds exactly what was sent.
+                answered = reply.get("content_md5")
+                self.checksum.proven = (answered is not None and
+                                        bytes(answered) == hashlib.md5(data).digest())
             else:
                 if self._buf:
                     self._stage(len(self._buf))
@@ -170,7 +230,8 @@ class _AzureAtomicFile(AtomicFile):
         self._buf = bytearray()
         self._adapter.fs.invalidate_cache(self.path)
         return ObjectInfo(self.path, size, _etag(reply["etag"]),
-                          _timestamp(reply.get("last_modified")))
+                          _timestamp(reply.get("last_modified")),
+                          dict(self.record) if self.record is not None else None)
 
     def _commit_blocks(self, cond: dict[str, Any]) -> Any:
         try:
@@ -217,8 +278,10 @@ class AzureAdapter(Adapter):
               "reads pinned by If-Match on the ETag. Another writer's Put Blob to the same "
               "name discards our staged blocks: our commit then fails, publishing nothing; "
               "conditional writes (leases) by If-Match on Put Blob and Delete Blob; blobs "
-              "of uncommitted blocks only are listed for `durable clean`"),
-        conditional_writes=True,
+              "of uncommitted blocks only are listed for `durable clean`; a blob's durable "
+              "record travels in its metadata (durable_*), set by the Put Blob or Put Block "
+              "List that publishes it"),
+        conditional_writes=True, object_records=True,
     )
 
     # helpers --------------------------------------------------------------------------------
@@ -270,7 +333,7 @@ class AzureAdapter(Adapter):
         if _is_folder(props.metadata):
             return None
         return ObjectInfo(path, int(props.size), _etag(props.etag),
-                          _timestamp(props.last_modified))
+                          _timestamp(props.last_modified), _record(props.metadata))
 
     def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
         container, key = self._split(prefix.rstrip("/") + "/")
@@ -303,39 +366,101 @@ class AzureAdapter(Adapter):
     def exists(self, path: str) -> bool:
         return self.info(path) is not None or bool(self._listing(path, limit=1))
 
+    def _download(self, path: str, start: int, length: int,
+                  **pin: Any) -> tuple[Any, bytes]:
+        """One ranged GET (``pin``: its If-Match): the blob's properties as its headers
+        gave them, and the body read whole. A body that ended early on every attempt is
+        an IntegrityError, never short data."""
+        url = self.url(path)
+
+        async def run() -> tuple[Any, bytes]:
+            container, key = self._split(path)
+            async with self.fs.service_client.get_blob_client(container, key) as client:
+                stream = await client.download_blob(offset=start, length=length, **pin)
+                data: bytes = await stream.readall()
+                return stream.properties, data
+
+        try:
+            result: tuple[Any, bytes] = sync(self.fs.loop, run)
+        except HttpResponseError as exc:
+            if not _cut_short(exc):
+                raise
+            # The body ended before its Content-Length on every retry the SDK made.
+            raise IntegrityError(
+                f"{url}: bytes {start}-{start + length - 1} arrived short on every "
+                f"attempt ({exc.message})", url=url, expected=length,
+                found="a short body") from exc
+        return result
+
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
+        return self._reader(path, info, b"")
+
+    def _reader(self, path: str, info: ObjectInfo, first: bytes) -> BinaryIO:
+        """A reader of the version ``info`` names; ``first``: its bytes from 0, already
+        fetched (by `open_whole`), handed out before any further (pinned) GET."""
         url = self.url(path)
         pin: dict[str, Any] = {}
         if info.version is not None:
             pin = {"etag": info.version, "match_condition": MatchConditions.IfNotModified}
+        held = [first]
 
         def fetch(start: int, length: int) -> bytes:
-            async def run() -> bytes:
-                container, key = self._split(path)
-                async with self.fs.service_client.get_blob_client(container, key) as client:
-                    stream = await client.download_blob(offset=start, length=length, **pin)
-                    data: bytes = await stream.readall()
-                    return data
-
+            if start == 0 and held[0]:
+                # Dropped once used: a later seek back asks the store again, pinned.
+                head, held[0] = held[0][:length], b""
+                if len(head) == length:
+                    return head
+                return head + fetch(len(head), length - len(head))
             try:
-                data: bytes = sync(self.fs.loop, run)
+                data = self._download(path, start, length, **pin)[1]
             except (ResourceModifiedError, ResourceNotFoundError) as exc:
                 # 412 on If-Match: the blob is another version now; 404: it is gone.
                 raise IntegrityError(
                     f"{url}: replaced or deleted since it was opened (ETag {info.version} "
                     "no longer matches)", url=url, expected=info.version,
                     found="another ETag or none") from exc
-            except HttpResponseError as exc:
-                if not _cut_short(exc):
-                    raise
-                # The body ended before its Content-Length on every retry the SDK made.
-                raise IntegrityError(
-                    f"{url}: bytes {start}-{start + length - 1} arrived short on every "
-                    f"attempt ({exc.message})", url=url, expected=length,
-                    found="a short body") from exc
             return data
 
         return open_pinned(url, info.size, fetch)
+
+    def open_whole(self, path: str) -> tuple[ObjectInfo, BinaryIO] | None:
+        """One GET of the first `READ_AHEAD` bytes: its headers give the info (the
+        metadata record included), its body the start of the reader; the rest (a blob
+        over 8 MiB) is read on, pinned to that ETag. An empty blob refuses any range
+        (416): a stat answers it instead."""
+        if not self._split(path)[1] or path.endswith("/"):
+            return None
+        try:
+            props, first = self._download(path, 0, READ_AHEAD)
+        except ResourceNotFoundError:
+            return None
+        except HttpResponseError as exc:
+            if exc.status_code != 416:  # InvalidRange (the SDK sets no error_code here)
+                raise
+            return super().open_whole(path)
+        if _is_folder(props.metadata):
+            return None
+        # The blob's size is the total of the Content-Range (``props.size`` is the range's).
+        total = _RANGE_TOTAL.fullmatch(str(props.content_range or ""))
+        if total is None:
+            url = self.url(path)
+            raise IntegrityError(f"{url}: a ranged GET answered Content-Range "
+                                 f"{props.content_range!r:.80}, not bytes A-B/SIZE", url=url,
+                                 expected="bytes A-B/SIZE", found=props.content_range)
+        info = ObjectInfo(path, int(total[1]), _etag(props.etag),
+                          _timestamp(props.last_modified), _record(props.metadata))
+        return info, self._reader(path, info, first)
+
+    # verifying -------------------------------------------------------------------------------
+    def verify_written(self, path: str, checksum: Checksum, level: VerifyLevel) -> None:
+        """See `Adapter.verify_written`. A single Put Blob whose answer carried the MD5 of
+        the bytes sent meets ``"size"`` and ``"probe"`` with no request: the store checked
+        the Content-MD5 sent with them and reports the digest of what it stored. A block
+        list (no whole-blob digest in its answer) keeps the stat."""
+        if level in ("size", "probe") and isinstance(checksum, _WrittenChecksum) \
+                and checksum.proven:
+            return
+        super().verify_written(path, checksum, level)
 
     # the store's clock; uploads left open -------------------------------------------------
     def now(self, path: str) -> float | None:

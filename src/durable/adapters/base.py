@@ -279,14 +279,18 @@ class Adapter(ABC):
         return info, self.open_read(path, info)
 
     def read(self, path: str, *, limit: int | None = None) -> bytes | None:
-        """The whole object, or None if absent; over ``limit`` bytes raises ValueError."""
-        info = self.info(path)
-        if info is None:
+        """The whole object, or None if absent; over ``limit`` bytes raises ValueError.
+        Through `open_whole`: one GET where the store answers info and body together
+        (markers are read often)."""
+        opened = self.open_whole(path)
+        if opened is None:
             return None
-        if limit is not None and info.size > limit:
-            raise ValueError(f"{self.url(path)} is {info.size} bytes, over the limit of "
-                             f"{limit}")
-        with self.open_read(path, info) as f:
+        info, f = opened
+        with f:
+            # Refused before the body is taken in: a hostile size costs no memory.
+            if limit is not None and info.size > limit:
+                raise ValueError(f"{self.url(path)} is {info.size} bytes, over the limit "
+                                 f"of {limit}")
             # Read one byte past the size: a body longer than its stat is caught too.
             return f.read(info.size + 1)
 

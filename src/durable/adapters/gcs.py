@@ -15,6 +15,15 @@ check (emulators do), an object that differs from what was sent is removed at on
 Create-only is ``ifGenerationMatch=0``; every ranged GET names the generation seen at open
 (``generation=`` and ``ifGenerationMatch=``), so a replaced object fails the read.
 
+Records in the object's own metadata (docs/protocol.md, "Records in object metadata"): the
+single-request upload carries the record (``durable-version``, ``durable-size``, ...) in its
+object resource's ``metadata``, with the bytes; `info` (the object resource) returns it.
+A resumable session fixes its metadata when it starts, before size and CRC32C are known,
+so a larger object keeps the sidecar marker (`_GCSAtomicFile.carries_record`). A media GET
+returns no custom metadata: `open_whole` is the stat and a GET (2 requests). A
+single-request upload whose reply gives the size and CRC32C sent needs no stat to verify
+it (`verify_written`).
+
 Every write names itself in the object's metadata (``durable-write``): gcsfs retries a
 request whose answer was lost, and when the first attempt had landed, the store refuses the
 retry (a create-only upload: 412; the finalizing request of a session already finalized:
@@ -33,7 +42,7 @@ import io
 import json
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO, ClassVar
 from urllib.parse import quote
@@ -42,8 +51,9 @@ import aiohttp
 from fsspec.asyn import sync
 from gcsfs.retry import HttpError
 
-from durable._checksum import crc32c, crc_from_b64, crc_to_b64, crc_to_hex
+from durable._checksum import Checksum, crc32c, crc_from_b64, crc_to_b64, crc_to_hex
 from durable._errors import IntegrityError, UnsupportedError
+from durable._protocol import record_fields
 from durable.adapters._ranged import open_pinned
 from durable.adapters.base import (
     Adapter,
@@ -51,6 +61,7 @@ from durable.adapters.base import (
     Capabilities,
     ObjectInfo,
     Upload,
+    VerifyLevel,
     VersionMismatchError,
 )
 
@@ -90,9 +101,22 @@ def _refused_checksum(exc: Exception) -> bool:
     return "crc32c" in str(exc).lower()
 
 
+class _WrittenChecksum(Checksum):
+    """The running size and CRC32C, and whether the store's reply proved the bytes."""
+
+    __slots__ = ("proven",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The upload's reply gave the size and CRC32C sent (`GCSAdapter._accept`):
+        #: `GCSAdapter.verify_written` needs no stat.
+        self.proven = False
+
+
 class _GCSAtomicFile(AtomicFile):
     def __init__(self, adapter: GCSAdapter, path: str, *, create_only: bool) -> None:
         super().__init__(path)
+        self.checksum: _WrittenChecksum = _WrittenChecksum()
         self._adapter = adapter
         self._bucket, self._key = adapter._split(path)
         self._create_only = create_only
@@ -157,13 +181,20 @@ class _GCSAtomicFile(AtomicFile):
         self._persisted = persisted
         return None
 
+    @property
+    def carries_record(self) -> bool:
+        # The single-request upload sends its object resource (metadata included) with the
+        # bytes; a resumable session's metadata was fixed at its start, before the size and
+        # CRC32C were known.
+        return self._session is None
+
     def _commit(self) -> ObjectInfo:
         ck = self.checksum
         resource = None
         if self._session is None:
             resource = self._adapter._upload_single(self.path, bytes(self._buf), ck.crc,
                                                     create_only=self._create_only,
-                                                    token=self._token)
+                                                    token=self._token, record=self.record)
         while resource is None:
             if not self._buf:
                 raise OSError(f"{self._adapter.url(self.path)}: upload session holds every "
@@ -171,7 +202,9 @@ class _GCSAtomicFile(AtomicFile):
             resource = self._send(len(self._buf), total=ck.size)
         self._buf = bytearray()
         self._session = None
-        return self._adapter._accept(self.path, resource, ck.size, ck.crc)
+        info = self._adapter._accept(self.path, resource, ck.size, ck.crc, self.record)
+        ck.proven = resource.get("crc32c") is not None  # _accept compared size and CRC32C
+        return info
 
     def _abort(self) -> None:
         self._buf = bytearray()
@@ -197,8 +230,9 @@ class GCSAdapter(Adapter):
               "generation= on reads, and checks no checksum. Conditional writes (leases): "
               "ifGenerationMatch on a single-request upload and on DELETE, probed once per "
               "endpoint (fake-gcs-server ignores it on DELETE: an enforced upload goes "
-              "first there)"),
-        conditional_writes=True,
+              "first there). A single-request upload carries the durable record in its "
+              "metadata; an object written by a resumable session keeps a sidecar marker"),
+        conditional_writes=True, object_records=True,
     )
     # Endpoint -> whether it enforces ifGenerationMatch on uploads, and on deletes.
     _conditional_by_endpoint: ClassVar[dict[str, tuple[bool, bool]]] = {}
@@ -264,16 +298,17 @@ class GCSAdapter(Adapter):
             await r.read()
 
     def _upload_single(self, path: str, data: bytes, crc: int, *, create_only: bool = False,
-                       token: str | None = None,
+                       token: str | None = None, record: Mapping[str, str] | None = None,
                        generation: str | None = None) -> dict[str, Any]:
         """One multipart upload: create-only, on ``generation``, or not; ``token`` names the
-        write in the object's metadata."""
+        write in the object's metadata, ``record`` goes there too (its fields as given)."""
         bucket, key = self._split(path)
         # A random boundary: a fixed one can occur in the data and cut it short.
         boundary = uuid.uuid4().hex
         resource: dict[str, Any] = {"name": key, "crc32c": crc_to_b64(crc)}
-        if token is not None:
-            resource["metadata"] = {_TOKEN: token}
+        metadata = {**({_TOKEN: token} if token is not None else {}), **(record or {})}
+        if metadata:
+            resource["metadata"] = metadata
         meta = json.dumps(resource)
         body = b"".join([
             f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{meta}\r\n"
@@ -300,16 +335,22 @@ class GCSAdapter(Adapter):
             raise self._refused(path, crc, exc) from exc
         return reply
 
-    def _accept(self, path: str, resource: dict[str, Any], size: int, crc: int) -> ObjectInfo:
+    def _accept(self, path: str, resource: dict[str, Any], size: int, crc: int,
+                record: Mapping[str, str] | None = None) -> ObjectInfo:
         """The written object's info, or IntegrityError (and the object removed) if the
-        store holds other bytes than were sent: a store that skipped the CRC32C check."""
+        store holds other bytes than were sent: a store that skipped the CRC32C check.
+        Its ``record`` is ``record`` only where the reply shows the store kept it: else
+        None, and the caller writes a marker instead of trusting a record not stored."""
         self.fs.invalidate_cache(path)
         got_size = int(resource.get("size", -1))
         got_crc = resource.get("crc32c")
         generation = str(resource["generation"])
         found = crc_from_b64(got_crc) if isinstance(got_crc, str) else None
         if got_size == size and found in (crc, None):
-            return ObjectInfo(path, size, generation, _modified(resource))
+            kept = record_fields(resource.get("metadata"))
+            stored = dict(record) if record and all(
+                kept.get(k) == v for k, v in record.items()) else None
+            return ObjectInfo(path, size, generation, _modified(resource), stored)
         bucket, key = self._split(path)
         outcome = "removed it"
         try:
@@ -338,7 +379,17 @@ class GCSAdapter(Adapter):
             res = self.fs.call("GET", "b/{}/o/{}", bucket, key, json_out=True)
         except FileNotFoundError:
             return None
-        return ObjectInfo(path, int(res["size"]), str(res["generation"]), _modified(res))
+        return ObjectInfo(path, int(res["size"]), str(res["generation"]), _modified(res),
+                          record_fields(res.get("metadata")))
+
+    def verify_written(self, path: str, checksum: Checksum, level: VerifyLevel) -> None:
+        """See `Adapter.verify_written`. A write whose reply gave the size and CRC32C sent
+        (`_accept` compared them; GCS checked the CRC32C over the bytes it took) meets
+        ``"size"`` and ``"probe"`` with no request; otherwise a stat, as everywhere."""
+        if level in ("size", "probe") and isinstance(checksum, _WrittenChecksum) \
+                and checksum.proven:
+            return
+        super().verify_written(path, checksum, level)
 
     def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
         bucket, key = self._split(prefix.rstrip("/") + "/")

@@ -391,19 +391,6 @@ class S3Adapter(Adapter):
         body = S3Body(self.fs.loop, resp["Body"], url)
         return info, self._reader(path, info, body, io.DEFAULT_BUFFER_SIZE)
 
-    def read(self, path: str, *, limit: int | None = None) -> bytes | None:
-        """One GET instead of HEAD + GET (markers are read often)."""
-        opened = self.open_whole(path)
-        if opened is None:
-            return None
-        info, f = opened
-        with f:
-            # Refused before the body is taken in: a hostile size costs no memory.
-            if limit is not None and info.size > limit:
-                raise ValueError(f"{self.url(path)} is {info.size} bytes, over the limit "
-                                 f"of {limit}")
-            return f.read()
-
     def _reader(self, path: str, info: ObjectInfo, body: S3Body | None,
                 buffer_size: int) -> BinaryIO:
         """A seekable reader of the version ``info`` names; ``body``: a GET open at byte 0."""
