@@ -209,3 +209,58 @@ def test_on_s3_the_attempt_record_is_put_before_the_records_are_listed(
         ["PUT", "POST"]  # the attempt record, and its removal (one DeleteObjects)
     assert _records(_plain_fs(entry.url, dict(s3_bucket.storage_options)),
                     entry.url) == {"commit.json"}
+
+
+@pytest.mark.s3
+def test_a_start_whose_own_record_was_removed_meanwhile_never_goes_on_unannounced(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """A clean or delete of the records landing between a writer's PUT of its attempt record
+    and its look removes that record: the writer must not go on without it (a third writer
+    would then see nobody at work). It refuses and tries once more, and goes on announced."""
+    from durable.testing import faults
+
+    proxy, options = proxied
+    entry = Entry(s3_bucket.path("e"), storage_options=options)
+    plain = _plain_fs(entry.url, dict(s3_bucket.storage_options))
+    records = f"{s3_bucket.name}/.durable/e"
+    removed: list[str] = []
+
+    def remove_the_record_once(request: faults.RequestInfo) -> bool:
+        # The writer's first look at its records: a deleter got there just before.
+        if not removed and ".durable/e/" in request.query.get("prefix", [""])[0]:
+            removed.extend(plain.find(f"{records}/attempts/"))
+            plain.rm(removed)
+        return False
+
+    proxy.add(faults.delay(0, match=faults.Match(methods="GET",
+                                                 where=remove_the_record_once)))
+    with entry.writing() as w:
+        assert len(removed) == 1  # it was there, and went
+        plain.invalidate_cache()
+        assert plain.find(f"{records}/attempts/") == [f"{records}/attempts/{w.attempt}.json"]
+        w.write_bytes("a", b"1")
+    assert entry.state() is State.COMPLETE
+
+
+@pytest.mark.s3
+def test_a_start_whose_put_landed_but_failed_removes_its_record(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """The attempt record's PUT reaches the store and every answer is lost (the client
+    retries, then gives up): the writer fails, and the record it cannot know landed is
+    removed, so the entry is ABSENT for the next writer, not INCOMPLETE."""
+    from durable.testing import faults
+
+    proxy, options = proxied
+    # Few retries: each dropped answer costs the client a wait.
+    options = {**options, "config_kwargs": {"retries": {"max_attempts": 1}}}
+    entry = Entry(s3_bucket.path("e"), storage_options=options)
+    plain = _plain_fs(entry.url, dict(s3_bucket.storage_options))
+    proxy.add(faults.drop_connection(forward=True, match=faults.Match(
+        methods="PUT", path=r"/attempts/[0-9a-f]+\.json$")))
+    with pytest.raises(OSError), entry.writing():
+        pytest.fail("the start cannot have succeeded")
+    # Forwarded to the store (so it landed), and its answers dropped.
+    assert [r.method for r in proxy.requests if "/attempts/" in r.path][:1] == ["PUT"]
+    assert plain.find(f"{s3_bucket.name}/.durable/e/") == []
+    assert Entry(s3_bucket.path("e"), storage_options=s3_bucket.storage_options).state() \
+        is State.ABSENT

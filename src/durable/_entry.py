@@ -310,6 +310,13 @@ class Entry:
         # Exactly this writer's own record is ignored: any other (another writer's attempt
         # record, or the temp file of one being written) is a writer at work or a leftover.
         others = [k for k in records if k != mine and not (leased and self._is_lease_key(k))]
+        if mine is not None and mine not in records:
+            # Put before the look, and gone: something removing the records (a clean, a
+            # delete, another writer's cleanup) took it. Going on unannounced would let a
+            # third writer in beside this one: refuse, as in a race (one more try).
+            return Status(State.INCOMPLETE, "this writer's own attempt record was removed "
+                                            "as it started (a clean or delete of the "
+                                            "records at the same moment)", racing=True)
         if others and own_attempt is not None:
             where = self.adapter.url(records[others[0]].path)
             ours = records[mine].modified if mine in records else None
@@ -498,9 +505,12 @@ class Entry:
         # records dir, which would remove a record put first.
         first = not (overwrite or resume or update)
         for again in (first, False):
-            if first:
-                self.adapter.put(record, attempt_record_bytes(writer.attempt), durable=False)
             try:
+                if first:
+                    # In the try: a PUT that landed but failed (an interrupt, a lost answer)
+                    # is removed too, never left to make the entry look worked on.
+                    self.adapter.put(record, attempt_record_bytes(writer.attempt),
+                                     durable=False)
                 fresh, seed, versions = self._start(
                     keep_lease, overwrite=overwrite, resume=resume, update=update,
                     own_attempt=writer.attempt if first else None)

@@ -51,6 +51,8 @@ def error_document(data: bytes | bytearray) -> tuple[str, str] | None:
         return None
     body = bytes(data).removeprefix(_BOM).lstrip()
     if body.startswith((b"<?xml", b"<Error>")):
+        if b"<Error>" not in body:
+            return None  # no parse of every small XML document read (a config, a zarr v2)
         if _DTD.search(body):
             return None  # error documents have no DTD; one could expand entities
         try:
@@ -61,7 +63,7 @@ def error_document(data: bytes | bytearray) -> tuple[str, str] | None:
         if root.tag != "Error" or not code or root.find("Message") is None:
             return None
         return code, (root.findtext("Message") or "").strip()
-    if body.startswith(b"{"):
+    if body.startswith(b"{") and b'"error"' in body:
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
