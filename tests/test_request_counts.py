@@ -79,16 +79,19 @@ def test_a_zarr_write_on_s3_adds_a_fixed_number_of_requests(
         dz.write(s3_bucket.path(name), data, chunks=chunks, storage_options=options)
         per_chunk = collections.Counter(r.method for r in proxy.requests if "/c/" in r.path)
         assert per_chunk == {"PUT": (64 // chunks[0]) ** 2}
-        # Besides one PUT per chunk: the 3 requests of writing()'s start; at publish the
-        # LIST of the entry (the commit reuses it) and zarr.json's PUT into the entry
-        # (plain zarr's own PUT); the marker PUT and DeleteObjects (of the attempt
+        # Besides one PUT per chunk: the 3 requests of writing()'s start; at publish
+        # zarr.json's PUT into the entry (plain zarr's own PUT) and beside it a LIST of
+        # the records (this attempt's alone: nobody started or cleared the entry since,
+        # so the commit takes the manifest from what was recorded, with no LIST of the
+        # entry, one per 1,000 chunks); the marker PUT and DeleteObjects (of the attempt
         # record): 7, whatever the number of chunks (plain zarr makes 3: a HEAD and a LIST
         # looking for an existing array, the zarr.json PUT). Gone: zarr's look (2 GETs; a
         # fresh write answers it from what it holds), the document's PUT into staging
         # and its GET at publish (it is held in memory, never staged: nobody else needs
-        # it), the records LIST at publish (nothing staged, no fragments, and the
-        # create-only marker decides a race) and the commit's own LIST of the entry.
+        # it), and every LIST of the entry's objects.
         assert not [r for r in proxy.requests if "/staged" in r.path], name
+        assert not [r for r in proxy.requests if "list-type" in r.query and "delimiter"
+                    not in r.query and r.query["prefix"] == [f"{name}/"]], name
         assert _counts(proxy, skip="/c/") == {"LIST": 3, "PUT": 3, "DELETE": 1}, name
         assert dz.open(s3_bucket.path(name), storage_options=options)[...].tolist() == \
             data.tolist()

@@ -552,8 +552,14 @@ def test_a_killed_writer_leaves_an_entry_open_refuses(
 
 def test_open_checks_the_listing_and_deep_checks_the_bytes(target: Target) -> None:
     url = target.url("arr")
-    dts.write(url, values(20), chunks=[10, 10], storage_options=target.options)
-    good = target.raw_read("arr/c/0/1")
+
+    def committed() -> bytes:
+        """A new commit of the array (its first open in this process lists it)."""
+        dts.write(url, values(20), chunks=[10, 10], storage_options=target.options,
+                  overwrite=True)
+        return target.raw_read("arr/c/0/1")
+
+    good = committed()
     flipped = bytearray(good)
     flipped[len(good) // 2] ^= 0x01
     target.raw_write("arr/c/0/1", bytes(flipped))
@@ -563,16 +569,48 @@ def test_open_checks_the_listing_and_deep_checks_the_bytes(target: Target) -> No
         array.read().result()
     with pytest.raises(IntegrityError, match=r"c/0/1: crc32c expected 48674bc7"):
         dts.open(url, storage_options=target.options, deep=True)
-    target.raw_write("arr/c/0/1", good[:-3])
+    target.raw_write("arr/c/0/1", committed()[:-3])
     with pytest.raises(IntegrityError, match=r"c/0/1: size expected \d+, found"):
         dts.open(url, storage_options=target.options)
+    committed()
     target.raw_delete("arr/c/0/1")
     with pytest.raises(IntegrityError, match=r"c/0/1: missing"):
         dts.open(url, storage_options=target.options)
-    target.raw_write("arr/c/0/1", good)
-    target.raw_write("arr/c/9/9", good)
+    target.raw_write("arr/c/9/9", committed())
     with pytest.raises(IntegrityError, match=r"c/9/9: not in the manifest"):
         dts.open(url, storage_options=target.options)
+
+
+def test_a_chunk_deleted_after_the_open_is_an_error_never_fill_values(target: Target) -> None:
+    """The listing is checked at the open; a handle lives on. A chunk deleted after it
+    reads as the fill value through plain tensorstore, and as an error naming the chunk
+    through durable, for an array whose commit holds every chunk."""
+    url = target.url("arr")
+    dts.write(url, values(20), chunks=[10, 10], storage_options=target.options)
+    array = dts.open(url, storage_options=target.options)
+    plain = target.plain_open("arr", ts.Context(), read=True)
+    target.raw_delete("arr/c/0/1")
+    assert (plain[0:10, 10:20].read().result() == 0).all()  # incident 001's fill values
+    with pytest.raises(ValueError, match=r"NOT_FOUND: chunk \{0, 1\}.*is missing"):
+        array[0:10, 10:20].read().result()
+    assert array[10:20, 0:10].read().result().tolist() == values(20)[10:20, 0:10].tolist()
+
+
+def test_chunks_left_out_as_fill_values_still_read_as_fill_values(target: Target) -> None:
+    """tensorstore stores no chunk that is all fill value: such an array's missing chunks
+    are the fill value, as zarr means it. A caller's own fill_missing_data_reads is kept."""
+    url = target.url("arr")
+    data = values(20)
+    data[0:10, 0:10] = 0
+    dts.write(url, data, chunks=[10, 10], storage_options=target.options)
+    assert dts.open(url, storage_options=target.options).read().result().tolist() == \
+        data.tolist()
+    whole = target.url("whole")
+    dts.write(whole, values(20), chunks=[10, 10], storage_options=target.options)
+    asked = dts.open(whole, storage_options=target.options,
+                     spec={"fill_missing_data_reads": True})
+    target.raw_delete("whole/c/1/1")
+    assert (asked[10:20, 10:20].read().result() == 0).all()
 
 
 def test_metadata_changed_after_the_commit_with_its_size_is_refused(target: Target) -> None:
@@ -595,8 +633,8 @@ def test_metadata_changed_after_the_commit_with_its_size_is_refused(target: Targ
 def test_an_unchanged_marker_is_decoded_once_and_a_new_one_again(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Opens keep the last marker of each entry decoded: the same bytes are not decoded
-    again, but they are still read, and the listing still checked, at every open; a
-    recommit (other bytes) is decoded afresh, never served the old manifest."""
+    again, but they are still read at every open; a recommit (other bytes) is decoded
+    afresh, never served the old manifest, and checked against a listing again."""
     from durable._protocol import Marker
 
     decoded: list[str] = []
@@ -618,10 +656,37 @@ def test_an_unchanged_marker_is_decoded_once_and_a_new_one_again(
     # Rewritten with another shape: a stale manifest would fail the listing check.
     dts.write(url, values(30, seed=5), chunks=[10, 10], overwrite=True)
     assert [decodes_in_open(rows=30, seed=5) for _ in range(2)] == [1, 0]
-    # A cached marker spares no check: a chunk gone since is refused.
+    # A chunk gone since this commit was checked against a listing: refused at its read
+    # (the open lists no more: every read of this array is checked on its own).
     os.unlink(os.path.join(url, "c", "2", "0"))
-    with pytest.raises(IntegrityError, match=r"c/2/0: missing"):
-        dts.open(url)
+    array = dts.open(url)
+    with pytest.raises(ValueError, match=r"NOT_FOUND: chunk \{2, 0\}.*is missing"):
+        array.read().result()
+    # Recommitted: the new marker is checked against a listing at its first open.
+    dts.write(url, values(30, seed=6), chunks=[10, 10], overwrite=True)
+    assert decodes_in_open(rows=30, seed=6) == 1
+    os.unlink(os.path.join(url, "c", "2", "0"))
+    dts.write(os.path.join(tmp_path, "other"), values(20), chunks=[10, 10])
+    dts.open(os.path.join(tmp_path, "other"))  # another entry's marker, kept beside it
+    array = dts.open(url)  # the same commit again: checked once, reads checked
+    with pytest.raises(ValueError, match="NOT_FOUND"):
+        array.read().result()
+
+
+def test_every_open_lists_where_reads_are_not_all_checked(tmp_path: Any) -> None:
+    """No codec, or chunks left out as fill values: a read cannot tell a chunk deleted
+    since the commit from one never written, so every open checks the listing."""
+    bare = os.path.join(tmp_path, "bare")
+    dts.write(bare, values(20), chunks=[10, 10], checksum_codec=False)
+    sparse = os.path.join(tmp_path, "sparse")
+    data = values(20)
+    data[:10, :10] = 0
+    dts.write(sparse, data, chunks=[10, 10])
+    for url, chunk in ((bare, "c/1/1"), (sparse, "c/1/1")):
+        dts.open(url).read().result()
+        os.unlink(os.path.join(url, *chunk.split("/")))
+        with pytest.raises(IntegrityError, match=rf"{chunk}: missing"):
+            dts.open(url)
 
 
 def test_zarr_python_checks_the_codec_too(tmp_path: Any) -> None:

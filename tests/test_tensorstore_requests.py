@@ -77,3 +77,17 @@ def test_a_write_adds_a_fixed_number_of_requests(
     # marker again to prove no rewrite began meanwhile, which the verified document makes
     # needless (test_a_rewrite_that_starts_while_opening_is_refused).
     assert _counts(proxy) == ({"GET": 24}, {"GET": 2, "LIST": 1})
+    # Opened again, the same commit: no listing. It was checked against one by the first
+    # open of this process, and every read of this array is checked on its own (each
+    # chunk ends in its crc32c codec, and the commit holds every chunk, so a missing one
+    # is an error); the marker and zarr.json are still read and checked.
+    got = dts.open(url, storage_options=options).read().result()
+    assert (got == DATA).all()
+    assert _counts(proxy) == ({"GET": 24}, {"GET": 2})
+    # Without the codec, a read does not check its chunk: every open lists.
+    bare = s3_bucket.path("bare")
+    dts.write(bare, DATA, chunks=[10, 10], storage_options=options, checksum_codec=False)
+    proxy.clear_requests()
+    for _ in range(2):
+        assert (dts.open(bare, storage_options=options).read().result() == DATA).all()
+        assert _counts(proxy) == ({"GET": 24}, {"GET": 2, "LIST": 1})

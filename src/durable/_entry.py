@@ -642,13 +642,44 @@ class Entry:
                 f"{self.url}: another writer committed this entry first", url=self.url)
         fragments = {k: i for k, i in in_records.items()
                      if k.startswith(f"fragments/{writer.attempt}/")}
-        listing = writer._listing if writer._listing is not None else self.adapter.list(self.path)
+        recorded = writer.records()
+        if writer._from_records:
+            # Every object went through this writer, each write answered by the store, and
+            # the records showed this attempt alone (`EntryWriter.commit_from_records`):
+            # the manifest is what was recorded, with no listing of the entry.
+            records, listing = recorded, {k: ObjectInfo(f"{self.path}/{k}", r.size)
+                                          for k, r in recorded.items()}
+        else:
+            listing = (writer._listing if writer._listing is not None
+                       else self.adapter.list(self.path))
+            records = self._reconcile(writer, recorded, listing, fragments, unrecorded)
+        # The records dir was made by the attempt record without fsync: its entries in
+        # the parent must be durable before the marker inside it counts.
+        records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
+        self.adapter.sync([i.path for i in listing.values()],
+                          _dirs_of(self, listing) + records_dirs)
+        marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
+                                    lease.fenced() if lease is not None else None)
+        self.adapter.delete([self.layout.attempt_record(writer.attempt), *writer._spent]
+                            + [i.path for i in fragments.values()])
+        if fragments:
+            self.adapter.prune(fragments_dir(self.layout.records, writer.attempt))
+        return marker
+
+    def _reconcile(self, writer: EntryWriter, recorded: dict[str, ObjectRecord],
+                   listing: dict[str, ObjectInfo], fragments: dict[str, ObjectInfo],
+                   unrecorded: Literal["adopt", "error"]) -> dict[str, ObjectRecord]:
+        """The manifest of a commit from the entry's ``listing``: every recorded object
+        checked against it (gone, resized or replaced by another writer: IntegrityError),
+        every other object taken from this attempt's fragments, the update's baseline or
+        read and checksummed (``unrecorded="adopt"``). Temp files are removed from the
+        store and from ``listing``."""
         # Temp files of writers killed mid-object never become part of an entry.
         leftovers = [i.path for k, i in listing.items() if TMP_MARK in k.rpartition("/")[2]]
         if leftovers:
             self.adapter.delete(leftovers)
-            listing = {k: i for k, i in listing.items() if i.path not in leftovers}
-        recorded = writer.records()
+            for k in [k for k, i in listing.items() if i.path in leftovers]:
+                del listing[k]
         problems = []
         for key, rec in recorded.items():
             found = listing.get(key)
@@ -687,18 +718,7 @@ class Entry:
         records = dict(recorded)
         records.update(recorded_elsewhere)
         records.update(_checksum_all(self.adapter, extra, _WORKERS))
-        # The records dir was made by the attempt record without fsync: its entries in
-        # the parent must be durable before the marker inside it counts.
-        records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
-        self.adapter.sync([i.path for i in listing.values()],
-                          _dirs_of(self, listing) + records_dirs)
-        marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
-                                    lease.fenced() if lease is not None else None)
-        self.adapter.delete([self.layout.attempt_record(writer.attempt), *writer._spent]
-                            + [i.path for i in fragments.values()])
-        if fragments:
-            self.adapter.prune(fragments_dir(self.layout.records, writer.attempt))
-        return marker
+        return records
 
     def _merge_fragments(self, attempt: str, unrecorded: dict[str, ObjectInfo],
                          fragments: dict[str, ObjectInfo]) -> dict[str, ObjectRecord]:
@@ -766,6 +786,7 @@ class EntryWriter:
         self._listing: dict[str, ObjectInfo] | None = None
         self._records_listing: dict[str, ObjectInfo] | None = None
         self._fragments = True
+        self._from_records = False
         self._spent: list[str] = []
         self.fs = RecordingFileSystem(self)
 
@@ -834,6 +855,25 @@ class EntryWriter:
             self._records_listing = dict(records)
         if not fragments:
             self._fragments = False
+
+    def commit_from_records(self, records: dict[str, ObjectInfo]) -> bool:
+        """Commit the manifest as recorded, without listing the entry, if ``records`` (a
+        listing of the records dir taken after the last write finished) shows this
+        attempt's record alone; whether it did. Otherwise the commit lists as usual.
+
+        For an integration that drives every write of the entry itself, in this process,
+        each one answered by the store (`durable.zarr.write` on an object store): a
+        listing would find nothing the records do not say, and costs a round trip per
+        1,000 objects. What it would also find, another writer at work in the entry, the
+        records show: a writer that starts puts its attempt record there, and one that
+        clears the entry (``overwrite=True``) removes this one's.
+        """
+        mine = self.entry.layout.attempt_record(self.attempt)[
+            len(self.entry.layout.records) + 1:]
+        self._records_listing = dict(records)
+        self._fragments = False
+        self._from_records = set(records) == {mine}
+        return self._from_records
 
     def remove_when_done(self, paths: list[str]) -> None:
         """Records of this attempt (paths in the records dir) that have served their

@@ -47,13 +47,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 import tensorstore as ts
@@ -381,15 +382,33 @@ def _check_listing(entry: Entry, marker: Marker, listing: dict[str, ObjectInfo])
         url=first.url, expected=first.expected, found=first.found)
 
 
-# Marker URL -> the bytes last read there and their decoding, least recently used first.
-_DECODED: OrderedDict[str, tuple[bytes, Marker]] = OrderedDict()
+class _Seen:
+    """A marker as this process last read it at one URL: its bytes, their decoding, and
+    whether a listing of the entry has been checked against that manifest here."""
+
+    __slots__ = ("data", "listed", "marker")
+
+    def __init__(self, data: bytes, marker: Marker) -> None:
+        self.data = data
+        self.marker = marker
+        self.listed = False
+
+
+# Marker URL -> what was last read there, least recently used first.
+_DECODED: OrderedDict[str, _Seen] = OrderedDict()
 _DECODED_LOCK = threading.Lock()
 _DECODED_MAX_BYTES = 16 * 1024 * 1024  # markers kept decoded, in marker bytes
 
 
-def _read_marker(place: Place, context: ts.Context) -> Marker | None:
+def _last_seen(where: str) -> _Seen | None:
+    with _DECODED_LOCK:
+        return _DECODED.get(where)
+
+
+def _read_marker(place: Place, context: ts.Context) -> tuple[Marker | None, _Seen | None]:
     """The entry's marker (a remote one through tensorstore's client: a request through
-    tensorstore costs a tenth of the CPU of one through s3fs).
+    tensorstore costs a tenth of the CPU of one through s3fs), and what this process
+    knows of those very bytes (None for an external manifest, which is not kept).
 
     Read at every open; decoded again only when its bytes differ from the last ones read
     there: decoding and checking the manifest costs more than reading it (2 ms for 1,024
@@ -402,23 +421,24 @@ def _read_marker(place: Place, context: ts.Context) -> Marker | None:
     except ValueError as exc:
         raise MarkerError(f"{where}: {exc}", url=where) from None
     if data is None:
-        return None
+        return None, None
     with _DECODED_LOCK:
         known = _DECODED.get(where)
-        if known is not None and known[0] == data:
+        if known is not None and known.data == data:
             _DECODED.move_to_end(where)
-            return known[1]
+            return known.marker, known
     marker = Marker.decode(data, where)
     if marker.manifest_ref is not None:
         # An external manifest (over 10,000 objects): the adapter fetches and checks it.
-        return place.entry.read_marker()
+        return place.entry.read_marker(), None
+    seen = _Seen(data, marker)
     with _DECODED_LOCK:
-        _DECODED[where] = (data, marker)
+        _DECODED[where] = seen
         _DECODED.move_to_end(where)
-        kept = sum(len(d) for d, _ in _DECODED.values())
+        kept = sum(len(d.data) for d in _DECODED.values())
         while kept > _DECODED_MAX_BYTES and len(_DECODED) > 1:
-            kept -= len(_DECODED.popitem(last=False)[1][0])
-    return marker
+            kept -= len(_DECODED.popitem(last=False)[1].data)
+    return marker, seen
 
 
 def _attempt_now(place: Place, context: ts.Context) -> str | None:
@@ -432,13 +452,15 @@ def _attempt_now(place: Place, context: ts.Context) -> str | None:
 
 
 def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
-              wanted: Any) -> dict[str, Any]:
+              wanted: Any, fetched: Future[bytes | None] | None = None) -> dict[str, Any]:
     """The array's metadata document ``key`` as commit ``marker`` recorded it.
 
     Read once here and checked against the manifest (size and CRC32C): a document
     rewritten after the commit with the same size (a fill_value changed by another tool)
     passes the listing's size check, and tensorstore would read the array through it.
     ``wanted``: the caller's spec "metadata", each member of which must be the document's.
+    ``fetched``: the document, read meanwhile (before or after the marker: either way it
+    must be what the marker recorded).
     """
     entry = place.entry
     assert marker.manifest is not None
@@ -448,7 +470,8 @@ def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
     if rec is None:
         raise ValueError(f"NOT_FOUND: {url}: commit {marker.attempt} of {entry.url} has no "
                          "array there")
-    data = place.read(where, context, _MAX_METADATA)
+    data = fetched.result() if fetched is not None else place.read(where, context,
+                                                                    _MAX_METADATA)
     found = None if data is None else (len(data), crc32c(data))
     if found != (rec.size, rec.crc32c):
         after = _attempt_now(place, context)
@@ -471,6 +494,27 @@ def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
             raise ValueError(f"{url}: metadata {name!r} is {doc.get(name)!r}, the spec asks "
                              f"for {value!r}")
     return doc
+
+
+def _every_chunk_committed(marker: Marker, key: str, meta: dict[str, Any]) -> bool:
+    """Whether the commit holds every chunk of the unsharded zarr3 array whose document is
+    ``key`` (none was left out as all fill value, none outside what was written)."""
+    assert marker.manifest is not None
+    codecs = meta.get("codecs")
+    if meta.get("node_type") != "array" or not isinstance(codecs, list) or any(
+            (c.get("name") if isinstance(c, dict) else c) == "sharding_indexed"
+            for c in codecs):
+        return False  # in a shard, an inner chunk left out is fill values by its index
+    try:
+        grid = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        wanted = math.prod(-(-int(n) // int(c)) for n, c in zip(meta["shape"], grid,
+                                                                strict=True))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return False
+    pattern = chunk_pattern(key[:-len("zarr.json")], meta)
+    if pattern is None:
+        return False
+    return sum(1 for k in marker.manifest.objects if pattern.fullmatch(k)) == wanted
 
 
 def _rewritten(entry: Entry, marker: Marker, after: str | None) -> IncompleteError:
@@ -499,7 +543,14 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
     """Open the zarr3 array at ``path`` in the COMPLETE entry ``url``, read-only.
 
     IncompleteError unless the entry is COMPLETE; IntegrityError if its listing does not
-    match the manifest (``deep=True``: also if any object's CRC32C differs). Pass a shared
+    match the manifest (``deep=True``: also if any object's CRC32C differs). An array
+    whose commit holds every one of its chunks, each ending in the crc32c codec (what
+    `write` makes of data with no all-fill-value chunk), is opened with
+    ``fill_missing_data_reads`` off, so every read of it is checked on its own: a chunk
+    deleted later is an error naming it, never fill values, and a changed one fails its
+    codec; for such an array the listing is checked at the first open of each commit in
+    this process, not at every open (on a large array a listing is many round trips).
+    Pass a shared
     ``context`` with a ``cache_pool`` for speed: the handle revalidates everything that
     context cached before this process first saw the entry's current commit, once, and
     serves the rest from the cache. A handle reads the entry as committed when it was
@@ -526,13 +577,22 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
     found = probe(place, ctx, entry.layout.marker)
     if not found.usable and (on_unusable_etags == "error" or not found.readable):
         raise etag_error(place, found, "its cache cannot be revalidated")
-    with ThreadPoolExecutor(1) as pool:
-        # On a remote store the listing is an open's slowest request (it names every
-        # object): fetched while the marker and then the metadata are. A local one is
-        # CPU, not waiting: a thread would only add a hand-off.
-        remote = place.endpoint is not None and not deep
-        listing = pool.submit(entry.adapter.list, entry.path) if remote else None
-        marker = _read_marker(place, ctx)
+    full: dict[str, Any] = {"driver": "zarr3", **(spec or {})}
+    doc = _METADATA.get(full["driver"])
+    key = f"{path.strip('/')}/{doc}".lstrip("/") if doc is not None else None
+    remote = place.endpoint is not None
+    with ThreadPoolExecutor(2) as pool:
+        # On a remote store each read is a round trip: the metadata document is fetched
+        # while the marker is, and the listing (an open's slowest request: it names every
+        # object) too, unless the marker last seen here was checked against one already
+        # (see below). A local one is CPU, not waiting: a thread would only add a hand-off.
+        seen_before = _last_seen(entry.adapter.url(entry.layout.marker))
+        listing = (pool.submit(entry.adapter.list, entry.path)
+                   if remote and not deep and not (seen_before and seen_before.listed)
+                   else None)
+        fetched = (pool.submit(place.read, f"{entry.path.rstrip('/')}/{key}", ctx,
+                               _MAX_METADATA) if remote and key is not None else None)
+        marker, seen = _read_marker(place, ctx)
         if marker is None:
             st = entry.status()
             raise IncompleteError(f"{entry.url} is {st.state}: {st.reason}; only a "
@@ -548,32 +608,45 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
             # that starts empty with this handle holds nothing from before the commit.
             ctx = _private(ctx)
             recheck = dict.fromkeys(recheck, False)
-        full: dict[str, Any] = {"driver": "zarr3", **(spec or {})}
         kv = place.kvstore(path)
         if isinstance(kv, dict):
             full["kvstore"] = kv
         else:
             kwargs["kvstore"] = kv
-        doc = _METADATA.get(full["driver"])
-        if doc is not None:
+        every_read_checked = False
+        if key is not None:
             # tensorstore reads no metadata: it is handed the document checked against
             # the manifest, so the handle is of this commit's metadata, whatever a rewrite
             # begun meanwhile has put there (no stale or foreign metadata, no extra GET).
-            key = f"{path.strip('/')}/{doc}".lstrip("/")
-            full["metadata"] = _metadata(place, ctx, marker, key, full.get("metadata"))
+            meta = _metadata(place, ctx, marker, key, full.get("metadata"), fetched)
+            full["metadata"] = meta
             kwargs.pop("assume_cached_metadata", None)
             kwargs.update(open=True, assume_metadata=True)
+            if ("fill_missing_data_reads" not in full and full["driver"] == "zarr3"
+                    and _every_chunk_committed(marker, key, meta)):
+                # A chunk deleted after this open is then an error naming it when read,
+                # never fill values (incident 001's failure, after the listing's check).
+                full["fill_missing_data_reads"] = False
+                every_read_checked = is_codeword(meta)
         opening = ts.open(full, context=ctx, read=True, write=False, **recheck, **kwargs)
         try:
             # The handle is handed over only once both are done.
             if deep:
                 entry.verify(deep=True)
-            else:
+            elif not (every_read_checked and seen is not None and seen.listed):
                 _check_listing(entry, marker, entry.adapter.list(entry.path)
                                if listing is None else listing.result())
+            # Else this very commit (the same marker bytes) was checked against a listing
+            # by an earlier open in this process, and every read of this array is checked
+            # on its own: a chunk missing since is NOT_FOUND (fill_missing_data_reads off,
+            # the commit holding every chunk), a changed one fails its crc32c codec. What
+            # a listing would add is only the failure at the open instead of at the read,
+            # and on a large array it is many round trips per open.
         except BaseException:
             opening.cancel()
             raise
+        if seen is not None:
+            seen.listed = True
         store = opening.result()
     if doc is not None:
         return store

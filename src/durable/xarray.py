@@ -22,7 +22,7 @@ from typing import Any, Literal
 import xarray as xr
 
 from durable._entry import Entry
-from durable.zarr import VerifyingStore, writing
+from durable.zarr import VerifyingStore, _writing
 
 __all__ = ["open_zarr", "to_zarr"]
 
@@ -64,10 +64,12 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
     if overwrite is None:
         overwrite = mode == "w" and not resume
     entry = Entry(url, storage_options=storage_options)
-    with writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
-                 update=update, unrecorded=unrecorded,
-                 stage="eager" if resume or update else "on_handoff"
-                 ) as store, warnings.catch_warnings():
+    # xarray writes every object of the entry through the store: a fresh write kept in
+    # this process commits from its records, without listing the entry.
+    with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
+                  update=update, unrecorded=unrecorded,
+                  stage="eager" if resume or update else "on_handoff", sole_writer=True,
+                  ) as store, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
         ds.to_zarr(store, mode=mode, consolidated=consolidated, **xarray_kwargs)
     return entry

@@ -64,6 +64,20 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     chunks and no metadata anywhere (still no array for plain readers, INCOMPLETE for
     durable), so the only retry is ``overwrite=True``. `write` uses it.
     """
+    with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
+                  update=update, unrecorded=unrecorded, stage=stage) as store:
+        yield store
+
+
+@contextlib.contextmanager
+def _writing(url: str, *, storage_options: dict[str, Any] | None, overwrite: bool,
+             resume: bool, update: bool, unrecorded: Literal["adopt", "error"],
+             stage: Literal["eager", "on_handoff"], sole_writer: bool = False,
+             ) -> Iterator[WritingStore]:
+    """`writing`; ``sole_writer``: the caller drives every write of the entry through the
+    store it yields (`write`, `durable.xarray.to_zarr`), so a fresh write on an object
+    store that was never handed to another process commits from its records, without a
+    listing of the entry (`coordinating`)."""
     if stage not in ("eager", "on_handoff"):
         raise ValueError(f"stage must be 'eager' or 'on_handoff', got {stage!r}")
     if stage == "on_handoff" and (resume or update):
@@ -73,7 +87,8 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     with entry.writing(overwrite=overwrite, resume=resume, update=update,
                        unrecorded=unrecorded) as writer, coordinating(
             entry, writer, storage_options=storage_options, hide=resume or update,
-            fresh=not (resume or update), deferred=stage == "on_handoff") as store:
+            fresh=not (resume or update), deferred=stage == "on_handoff",
+            sole_writer=sole_writer) as store:
         yield store
 
 
@@ -106,8 +121,9 @@ def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "a
             compressors = (compressors,)
         create_kwargs["compressors"] = (*compressors, Crc32cCodec())
     entry = Entry(url, storage_options=storage_options)
-    with writing(url, storage_options=storage_options, overwrite=overwrite,
-                 stage="on_handoff") as store:
+    with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=False,
+                  update=False, unrecorded="adopt", stage="on_handoff",
+                  sole_writer=True) as store:
         zarr.create_array(store, data=data, chunks=chunks, zarr_format=zarr_format,
                           **create_kwargs)
     return entry
