@@ -7,13 +7,20 @@ writes
 - ts:             plain tensorstore: ts.open(create) + write; the file driver fsyncs each
                   chunk and its directory itself (its default)
 - ts+crc:         the same with the zarr v3 crc32c codec (what durable adds by default)
-- durable:        durable.tensorstore.write: crc32c codec, tensorstore's own fsyncs off,
-                  zarr.json put by the writer (create-only, kept: not read back), the
-                  commit fsyncs every file and directory once from a thread pool, the
-                  manifest comes from the listing (no chunk read back), then the marker
-                  (create-only: no LIST of the records before it)
-- durable-reread: the same with checksum_codec=False: the commit reads every chunk back
-                  to checksum it (what the listing-only manifest saves)
+- durable:        durable.tensorstore.write: crc32c codec, zarr.json put by the writer
+                  (create-only, kept: not read back). On file: tensorstore's own fsyncs
+                  off, the commit fsyncs every file and directory once from a thread pool,
+                  the manifest comes from the listing (no chunk read back), then the
+                  marker. On moto: the chunks are encoded on a memory copy of the array, a
+                  few rows of chunks at a time, and put by the writer through
+                  tensorstore's client, each recorded as it goes: the commit lists the
+                  records (not the chunks), then the marker
+- durable-block:  durable.tensorstore.writing() and tensorstore's own write of the array
+                  (what a caller managing its own writes gets): on moto the commit lists
+                  the entry for the chunks' sizes
+- durable-nocodec: durable.tensorstore.write with checksum_codec=False: on file the
+                  commit reads every chunk back to checksum it; on moto the writer
+                  checksums the bytes it puts
 reads (each with a fresh Context: nothing cached)
 - ts-read:        ts.open + read of an array plain tensorstore wrote (no crc32c codec)
 - ts-read-same:   ts.open + read of the entry durable wrote, no durable: tensorstore checks
@@ -118,6 +125,11 @@ def make_cases(opts: Any, data: Any, chunk: int, committed: str, plain_array: st
                       checksum_codec=codec)
         return run
 
+    def block(url: str) -> None:
+        with dts.writing(url, storage_options=opts) as w:
+            w.write(w.open(create=True, dtype=data.dtype, shape=data.shape,
+                           chunk_layout=layout), data)
+
     def plain_read(where: str) -> Callable[[str], None]:
         spec = {"driver": "zarr3", "kvstore": dts.kvstore_spec(where, opts)}
 
@@ -139,8 +151,9 @@ def make_cases(opts: Any, data: Any, chunk: int, committed: str, plain_array: st
     writes = [
         Case("ts", "plain tensorstore (file driver fsyncs)", plain(None)),
         Case("ts+crc", "plain tensorstore + crc32c codec", plain(crc)),
-        Case("durable", "durable.tensorstore.write (manifest from listing)", durable(True)),
-        Case("durable-reread", "durable, checksum_codec=False (chunks read back)",
+        Case("durable", "durable.tensorstore.write", durable(True)),
+        Case("durable-block", "durable.tensorstore.writing + tensorstore's write", block),
+        Case("durable-nocodec", "durable.tensorstore.write, checksum_codec=False",
              durable(False)),
     ]
     reads = [

@@ -12,6 +12,7 @@ through plain tensorstore, and shows the plain reader's stale and mixed reads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -258,8 +259,20 @@ def test_write_commits_a_manifest_that_matches_the_bytes(target: Target) -> None
             == data).all()
 
 
-def test_commit_reads_no_chunk_back(s3_bucket: Bucket) -> None:
-    """Chunks with the crc32c codec are recorded from the listing, shards from their index
+def _write_in_block(url: str, data: Any, opts: dict[str, Any], codec: bool,
+                    layout: dict[str, Any]) -> None:
+    """The array written through `writing` and tensorstore's own write: the commit learns
+    of the chunks from a listing."""
+    with dts.writing(url, storage_options=opts) as w:
+        w.write(w.open(create=True, dtype=data.dtype, shape=data.shape,
+                       checksum_codec=codec, **layout), data)
+
+
+@pytest.mark.parametrize("how", ["write", "writing"])
+def test_commit_reads_no_chunk_back(s3_bucket: Bucket, how: str) -> None:
+    """`write` encodes and puts the chunks itself, so it knows every chunk's bytes and
+    reads nothing back and lists no chunk. Through `writing`, tensorstore writes them:
+    chunks with the crc32c codec are recorded from the listing, shards from their index
     (a small ranged read each); without the codec, every chunk is fetched again."""
     sharded = {"chunk_layout": ts.ChunkLayout(write_chunk_shape=[20, 30],
                                               read_chunk_shape=[10, 10])}
@@ -271,11 +284,82 @@ def test_commit_reads_no_chunk_back(s3_bucket: Bucket) -> None:
                                                 ("off", False, unsharded, 6, 10**9)):
             proxy.clear_requests()
             url = s3_bucket.path(name)
-            dts.write(url, values(20), storage_options=opts, checksum_codec=codec, **layout)
+            if how == "write":
+                dts.write(url, values(20), storage_options=opts, checksum_codec=codec,
+                          **layout)
+                gets = 0
+            else:
+                _write_in_block(url, values(20), opts, codec, layout)
             fetched = [r for r in proxy.requests if r.method == "GET"
                        and re.search(rf"/{name}/c/", r.path)]
             assert len(fetched) == gets and all(r.response_bytes <= most for r in fetched)
+            entry_lists = [r for r in proxy.requests if "list-type" in r.query
+                           and r.query.get("prefix") == [f"{name}/"]]
+            assert len(entry_lists) == (0 if how == "write" else 1)
             assert Entry(url, storage_options=opts).verify(deep=True).ok
+
+
+@pytest.mark.parametrize("slab", [1, 10**9])
+def test_write_puts_exactly_the_bytes_tensorstore_would(
+        s3_bucket: Bucket, slab: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`write` across a network encodes the chunks on a memory copy of the array and puts
+    them itself: each object must be the one tensorstore's own write puts, for plain,
+    codec, sharded and partly fill-value arrays, a row of chunks (or shards) at a time
+    or all at once."""
+    import durable.tensorstore as module
+
+    monkeypatch.setattr(module, "_SLAB_BYTES", slab)
+    layouts = {"plain": {"chunk_layout": ts.ChunkLayout(chunk_shape=[7, 10])},
+               "sharded": {"chunk_layout": ts.ChunkLayout(write_chunk_shape=[14, 30],
+                                                          read_chunk_shape=[7, 10])}}
+    data = values(40)
+    data[7:21, :] = 0  # whole chunks of fill value: stored by neither
+    fs = s3_bucket.filesystem()
+    for name, layout in layouts.items():
+        for codec in (True, False):
+            ours, theirs = s3_bucket.path(f"{name}-{codec}-d"), s3_bucket.path(f"{name}-{codec}-t")
+            dts.write(ours, data, storage_options=s3_bucket.storage_options,
+                      checksum_codec=codec, **layout)
+            _write_in_block(theirs, data, s3_bucket.storage_options, codec, layout)
+            fs.invalidate_cache()
+            a = {p[len(ours) - 5:]: fs.cat_file(p) for p in fs.find(ours[5:])}
+            b = {p[len(theirs) - 5:]: fs.cat_file(p) for p in fs.find(theirs[5:])}
+            assert a == b and len(a) > 3, (name, codec)
+            assert (dts.open(ours, storage_options=s3_bucket.storage_options).read().result()
+                    == data).all()
+            assert Entry(ours, storage_options=s3_bucket.storage_options).verify(deep=True).ok
+
+
+def _streaming(url: str, opts: dict[str, Any]) -> Any:
+    """`write`'s own steps in a block: room to act before its commit."""
+    @contextlib.contextmanager
+    def block() -> Iterator[None]:
+        with dts.writing(url, storage_options=opts) as w:
+            data = values(20)
+            array = w.open(create=True, dtype=data.dtype, shape=data.shape,
+                           chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10]))
+            assert w._stream(array, data)
+            yield
+    return block()
+
+
+def test_a_streamed_write_whose_entry_was_cleared_meanwhile_does_not_commit(
+        s3_bucket: Bucket) -> None:
+    url, opts = s3_bucket.path("arr"), dict(s3_bucket.storage_options)
+    with pytest.raises(IntegrityError, match="gone at commit"), _streaming(url, opts):
+        Entry(url, storage_options=opts).delete()  # a clean or delete, records and all
+    assert Entry(url, storage_options=opts).state() is not State.COMPLETE
+
+
+def test_a_streamed_write_beside_another_writers_record_checks_the_listing(
+        s3_bucket: Bucket) -> None:
+    url, opts = s3_bucket.path("arr"), dict(s3_bucket.storage_options)
+    with contextlib.ExitStack() as first, contextlib.ExitStack() as second:
+        first.enter_context(_streaming(url, opts))
+        other = second.enter_context(Entry(url, storage_options=opts).writing(resume=True))
+        other.write_bytes("c/1/1", b"not a chunk")
+        with pytest.raises(IntegrityError, match=r"c/1/1: written with \d+ bytes, 11 at"):
+            first.close()
 
 
 def test_shards_are_recorded_from_their_index(target: Target) -> None:
@@ -548,6 +632,56 @@ def test_a_killed_writer_leaves_an_entry_open_refuses(
     assert set(seen) == {0.0, 7.0}
     child_write(t.url("arr"), "resume", 7, 30, t.options)  # the next attempt finishes it
     assert (dts.open(t.url("arr"), storage_options=t.options).read().result() == 7).all()
+
+
+_STREAM_CHILD = """
+import json, os, sys
+import numpy as np
+import durable.tensorstore as dts
+dts._SLAB_BYTES = 1  # a row of chunks at a time
+opts = json.loads(os.environ["DURABLE_TEST_STORAGE_OPTIONS"])
+data = np.full((200, 30), 7, dtype="float32")
+dts.write(sys.argv[1], data, chunks=[10, 10], storage_options=opts)
+"""
+
+
+def test_a_writer_killed_mid_stream_leaves_an_entry_open_refuses(s3_bucket: Bucket) -> None:
+    """`write` across a network puts the chunks itself: SIGKILLed after some of them, it
+    leaves chunks and zarr.json but no marker. Plain tensorstore reads zeros where the
+    rest would be; durable says INCOMPLETE and refuses to open it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    url = s3_bucket.path("arr")
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        chunk = r"/arr/c/\d+/\d+$"
+        proxy.inject("delay", seconds=0.2, method="PUT", path=chunk)
+        opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        child = subprocess.Popen([sys.executable, "-c", _STREAM_CHILD, url],
+                                 env={**os.environ,
+                                      "DURABLE_TEST_STORAGE_OPTIONS": json.dumps(opts)},
+                                 stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while proxy.count(method="PUT", path=chunk, status=200) < 6:
+            assert child.poll() is None, child.communicate()[1]
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+    fs = s3_bucket.filesystem()
+    fs.invalidate_cache()
+    written = [p for p in fs.find(url[5:]) if re.search(r"/c/\d+/\d+$", p)]
+    assert 6 <= len(written) < 60
+    entry = dts.entry_for(url, s3_bucket.storage_options)
+    assert entry.state() is State.INCOMPLETE
+    with pytest.raises(IncompleteError, match="INCOMPLETE"):
+        dts.open(url, storage_options=s3_bucket.storage_options)
+    plain = ts.open({"driver": "zarr3",
+                     "kvstore": dts.kvstore_spec(url, s3_bucket.storage_options)},
+                    read=True).result()
+    assert set(np.unique(plain.read().result())) == {0.0, 7.0}
 
 
 def test_open_checks_the_listing_and_deep_checks_the_bytes(target: Target) -> None:

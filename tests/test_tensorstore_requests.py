@@ -64,10 +64,14 @@ def test_a_write_adds_a_fixed_number_of_requests(
     dts.write(url, DATA, chunks=[10, 10], storage_options=options)
     # Start (Entry.writing): LIST of the records, LIST of the entry's name (nothing there),
     # PUT of the attempt record. zarr.json: one create-only PUT by the writer, which keeps
-    # its bytes (no GET and HEAD by tensorstore's create, no GET back at commit). Commit:
-    # LIST of the entry (sizes: the chunks' manifest records), the marker PUT (create-only:
-    # it alone decides a race, so no LIST of the records first), one DeleteObjects of the
-    # attempt record. 7 in all, plain tensorstore's create makes 3.
+    # its bytes (no GET and HEAD by tensorstore's create, no GET back at commit). The
+    # chunks are encoded on a memory copy of the array and put by the writer, which
+    # records each: the commit lists no chunk, only the records (this attempt's alone:
+    # nobody started or cleared the entry meanwhile), then the marker PUT (create-only)
+    # and one DeleteObjects of the attempt record. 7 in all, plain tensorstore's create
+    # makes 3.
+    assert not [r for r in proxy.requests if "list-type" in r.query
+                and r.query.get("prefix") == ["arr/"]]
     assert _counts(proxy) == ({"PUT": 24}, {"LIST": 3, "PUT": 3, "DELETE": 1})
     got = dts.open(url, storage_options=options).read().result()
     assert (got == DATA).all()

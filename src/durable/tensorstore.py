@@ -27,6 +27,11 @@ Cloudflare R2, whose ETags tensorstore cannot use, re-opening died with the opaq
   unquoted one, a GCS emulator's generation 0), `open` reads with a cache private to the
   handle and no conditional request, and writes work while they need none.
 
+`write` across a network (S3, GCS) encodes the chunks itself, on a memory copy of the
+array, a few rows of chunks at a time, and puts each through tensorstore's client while the
+next are encoded: the same objects tensorstore's write puts, each recorded as it goes, so
+its commit lists no chunk (`EntryWriter.commit_from_records`) and reads none back.
+
 Checksums: new arrays get the zarr v3 ``crc32c`` codec as their last codec (inside the
 shards' chunks for sharded arrays), so tensorstore and zarr-python check every chunk on
 every read. Opt out with ``checksum_codec=False``. An object that ends with the CRC32C of
@@ -96,6 +101,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SHARD_READERS = 8  # shard indexes read at once at commit (small ranged reads)
+_SLAB_BYTES = 4 * 1024 * 1024  # values encoded at a time by `write` across a network
 _MAX_METADATA = 64 * 1024 * 1024  # a zarr.json is read whole at commit
 _LOCK_SUFFIX = ".__lock"  # tensorstore's file driver writes KEY.__lock, then renames it
 # Options that change what a create means (an existing array replaced or opened, metadata
@@ -123,6 +129,10 @@ class TensorStoreWriter:
         self._transactions: list[ts.Transaction] = []
         # zarr.json keys this writer created -> (the bytes, their version as written)
         self._created: dict[str, tuple[bytes, str | None]] = {}
+        # ... and the same array on a memory kvstore, which encodes chunks for `_stream`
+        self._drafts: dict[str, ts.TensorStore] = {}
+        self._streamed = False  # every object of the entry went through `_stream`
+        self._sent: set[str] = set()  # the chunks `_stream` put and recorded
 
     def open(self, path: str = "", *, checksum_codec: bool = True,
              spec: dict[str, Any] | None = None, **kwargs: Any) -> ts.TensorStore:
@@ -185,6 +195,7 @@ class TensorStoreWriter:
         except FileExistsError:
             raise exists from None
         self._created[key] = (data, f.info.version if f.info is not None else None)
+        self._drafts[key] = draft
         if "kvstore" in kwargs:
             rest["kvstore"] = kwargs["kvstore"]
         return ts.open({**full, "metadata": json.loads(data)}, context=self.context,
@@ -208,6 +219,52 @@ class TensorStoreWriter:
         """``target.write(value)``, waited for before the commit; returns its WriteFutures."""
         return self.track(target.write(value))
 
+    def _stream(self, array: ts.TensorStore, values: Any) -> bool:
+        """Write ``values`` into ``array`` (created here, at the entry's root) by encoding
+        them on its memory draft, a slab of whole chunks at a time, and putting each
+        encoded chunk through tensorstore's kvstore client: the same bytes tensorstore's
+        own write would put, each recorded as it goes (size; CRC32C, or the codec's
+        residue), so the commit lists no chunk. Whether it could (False: the caller writes
+        the usual way). The next slab is encoded while this one's chunks are uploaded; at
+        most two slabs are held encoded.
+        """
+        draft = self._drafts.get("zarr.json")
+        if draft is None or array.kvstore is None or draft.kvstore is None or not values.ndim:
+            return False
+        meta = array_metadata(self._created["zarr.json"][0])
+        if meta is None:
+            return False
+        residue = is_codeword(meta)
+        shape = draft.chunk_layout.write_chunk.shape
+        if not shape or not shape[0]:
+            return False
+        rows = int(shape[0])
+        row_bytes = max(1, values.nbytes // max(1, values.shape[0]))
+        step = rows * max(1, _SLAB_BYTES // max(1, rows * row_bytes))
+        mem, store = draft.kvstore, array.kvstore
+        in_flight: list[Any] = []
+        for start in range(0, values.shape[0], step):
+            stop = min(start + step, values.shape[0])  # tensorstore does not clip a slice
+            draft[start:stop].write(values[start:stop]).result()
+            sent = []
+            for key in mem.list().result():
+                if key == b"zarr.json":
+                    continue
+                body = mem.read(key).result().value
+                name = key.decode()
+                self._writer.record(name, len(body), CRC32C_RESIDUE if residue and
+                                    len(body) >= 4 else crc32c(body))
+                self._sent.add(name)
+                sent.append(store.write(key, body))
+                mem.write(key, None).result()
+            for future in in_flight:
+                future.result()  # the slab before: at most two held at once
+            in_flight = sent
+        for future in in_flight:
+            future.result()
+        self._streamed = True
+        return True
+
     def _finish(self) -> None:
         for future in self._pending:
             # WriteFutures.commit resolves once the bytes are in the kvstore.
@@ -215,6 +272,12 @@ class TensorStoreWriter:
         for txn in self._transactions:
             if txn.open:
                 txn.commit_sync()
+        if self._streamed and self._writer.commit_from_records(
+                self.entry.adapter.list(self.entry.layout.records)):
+            # Every object was put by this writer and recorded, and the records show this
+            # attempt alone: nobody started or cleared the entry meanwhile (a listing of
+            # the entry would cost a round trip per 1,000 chunks).
+            return
         self._record_codewords()
 
     def _record_codewords(self) -> None:
@@ -256,6 +319,8 @@ class TensorStoreWriter:
                 sharded.append((pattern, layout))
         shards = []
         for key, info in listing.items():
+            if key in self._sent:
+                continue  # put and recorded by `_stream`: the commit checks it as it is
             if info.size >= 4 and any(p.fullmatch(key) for p in codewords):
                 writer.record(key, info.size, CRC32C_RESIDUE, version=info.version)
             else:
@@ -322,7 +387,10 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
                  overwrite=overwrite) as w:
         array = w.open(create=True, dtype=values.dtype, shape=values.shape,
                        checksum_codec=checksum_codec, **kwargs)
-        w.write(array, values)
+        # Across a network, chunks are encoded here and put by this writer, recorded as
+        # they go: the commit lists no chunk (and reads none back without the codec).
+        if not (w._place.endpoint is not None and w._stream(array, values)):
+            w.write(array, values)
     return w.entry
 
 

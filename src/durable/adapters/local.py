@@ -473,6 +473,8 @@ class LocalAdapter(Adapter):
                     else:
                         _rmdir_quiet(full)
             _rmdir_quiet(root)
+        elif not os.path.lexists(root):
+            return  # nothing there: no directory changed, none to fsync (every commit asks)
         else:
             _unlink_quiet(root)
         parent = os.path.dirname(root)
