@@ -1,7 +1,8 @@
-"""A fresh `durable.zarr.write` / `durable.xarray.to_zarr` on an object store commits from
-its own records: the commit lists the entry's records (one small LIST), not the entry (a
-LIST per 1,000 chunks), and falls back to the full listing check whenever the records show
-that another writer started or cleared the entry meanwhile.
+"""A fresh `durable.zarr.write` / `durable.xarray.to_zarr` commits from its own records: the
+commit lists the entry's records (one small LIST; on local disk a scandir), not the entry
+(a LIST per 1,000 chunks; a walk of every directory), and falls back to the full listing
+check whenever the records show that another writer started or cleared the entry
+meanwhile.
 
 The interfering writers here act inside the first writer's block, through durable's public
 API, on the real store (moto, and fsspec's memory filesystem).
@@ -30,8 +31,12 @@ DATA = np.arange(32 * 32, dtype="f4").reshape(32, 32)
 OTHER = DATA + 1000
 
 
-@pytest.fixture(params=["s3", "memory"])
-def place(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, Any] | None]]:
+@pytest.fixture(params=["s3", "memory", "file"])
+def place(request: pytest.FixtureRequest, tmp_path: Any,
+          ) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    if request.param == "file":
+        yield str(tmp_path / "a.zarr"), None
+        return
     if request.param == "memory":
         yield f"memory://from-records-{uuid.uuid4().hex}/a.zarr", None
         return

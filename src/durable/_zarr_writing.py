@@ -392,16 +392,20 @@ class WritingStore(WrapperStore[Store]):
         """
         entry = Entry(self._url, storage_options=self._storage_options)
         local = isinstance(self._store, LocalStore)
-        if local:
-            # Names only (no stat per file): the commit walks the entry again anyway.
-            leftovers = [os.path.join(d, f) for d, _, files in os.walk(entry.path)
-                         for f in files if _PARTIAL.search(f)]
-            entry.adapter.delete(leftovers)
-        staged = sync(self._publish(entry, writer, sole_writer))
+        staged, from_records = sync(self._publish(entry, writer, sole_writer))
         staging = f"{entry.layout.records}/{STAGING}"
         if local:
-            # The whole dir: also any temp file a killed writer left in it.
-            entry.adapter.delete_prefix(staging)
+            if not from_records:
+                # Names only (no stat per file): the commit walks the entry next. A commit
+                # from its records takes in no object it did not write: nothing to look for.
+                leftovers = [os.path.join(d, f) for d, _, files in os.walk(entry.path)
+                             for f in files if _PARTIAL.search(f)]
+                entry.adapter.delete(leftovers)
+            if not self._staged.deferred or self._staged.touched:
+                # The whole dir: also any temp file a killed writer left in it. A write
+                # that staged nothing leaves it alone: what is there is another writer's
+                # (one that started after this one with overwrite=True).
+                entry.adapter.delete_prefix(staging)
         elif writer is not None:
             # Published and recorded: a staged copy left by a crash before the marker is
             # the same document, and one left under a marker is inert.
@@ -412,7 +416,8 @@ class WritingStore(WrapperStore[Store]):
             self._recorder.flush()
 
     async def _publish(self, entry: Entry, writer: EntryWriter | None,
-                       sole_writer: bool) -> tuple[str, ...]:
+                       sole_writer: bool) -> tuple[tuple[str, ...], bool]:
+        """(the keys staged, whether the commit takes its manifest from the records)."""
         # On an object store the entry is listed meanwhile, for the commit: every chunk is
         # written by now, and what publishing adds is known from its own PUTs. The commit
         # then makes no request before the marker; its listing is older by the publish
@@ -426,8 +431,9 @@ class WritingStore(WrapperStore[Store]):
         # LIST of the entry costs a round trip per 1,000 chunks (and on moto 0.2 ms of the
         # server's CPU per object). Only where create-only is enforced: the marker decides
         # a race with a writer that commits after this LIST.
-        from_records = (sole_writer and hand_over and held.deferred and not held.touched
-                        and entry.adapter.capabilities.create_only)
+        from_records = (sole_writer and writer is not None and held.deferred
+                        and not held.touched and entry.adapter.capabilities.create_only)
+        # Across a network at once with the publish; on local disk after it (a scandir).
         side = (entry.layout.records if from_records else entry.path) if hand_over else None
         listing = (asyncio.ensure_future(asyncio.to_thread(entry.adapter.list, side))
                    if side is not None else None)
@@ -447,7 +453,10 @@ class WritingStore(WrapperStore[Store]):
                 # marker decides a race with another writer, as the commit's does.
                 writer.use_listing(fragments=False)
             keys, published = await self._copy_staged(entry, records)
-            if writer is not None and listing is not None:
+            if writer is not None and from_records and listing is None:
+                from_records = writer.commit_from_records(entry.adapter.list(
+                    entry.layout.records))
+            elif writer is not None and listing is not None:
                 if not from_records:
                     # Listed before or after they landed, the documents are what their
                     # PUTs say.
@@ -455,13 +464,14 @@ class WritingStore(WrapperStore[Store]):
                 elif not writer.commit_from_records(await listing):
                     # Another writer's record (or none of this one's): the commit lists
                     # the entry and checks every object, as without ``sole_writer``.
+                    from_records = False
                     writer.use_listing({**await asyncio.to_thread(entry.adapter.list,
                                                                   entry.path), **published})
         except BaseException:
             if listing is not None:
                 await asyncio.gather(listing, return_exceptions=True)  # not left running
             raise
-        return keys
+        return keys, from_records
 
     async def _copy_staged(self, entry: Entry, records: dict[str, ObjectInfo] | None
                            ) -> tuple[tuple[str, ...], dict[str, ObjectInfo]]:
