@@ -684,6 +684,28 @@ def test_a_writer_killed_mid_stream_leaves_an_entry_open_refuses(s3_bucket: Buck
     assert set(np.unique(plain.read().result())) == {0.0, 7.0}
 
 
+def test_a_streamed_write_that_fails_leaves_no_chunk_behind(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One chunk's PUT is refused while others are still on their way: the write fails,
+    and every put it started has landed or failed before the fresh entry is removed, so
+    none lands after the cleanup as an object outside any attempt."""
+    import durable.tensorstore as module
+
+    monkeypatch.setattr(module, "_SLAB_BYTES", 1)  # a row of chunks at a time
+    url = s3_bucket.path("arr")
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.inject("error", status=403, forward=False, method="PUT",
+                     path=r"/arr/c/0/0$", times=1)
+        proxy.inject("delay", seconds=0.5, method="PUT", path=r"/arr/c/(0/[12]|[1-9]/\d)$")
+        opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        with pytest.raises(ValueError, match=r"PERMISSION_DENIED"):
+            dts.write(url, values(40), chunks=[10, 10], storage_options=opts)
+    fs = s3_bucket.filesystem()
+    fs.invalidate_cache()
+    assert fs.find(url[5:]) == []
+    assert dts.entry_for(url, s3_bucket.storage_options).state() is State.ABSENT
+
+
 def test_open_checks_the_listing_and_deep_checks_the_bytes(target: Target) -> None:
     url = target.url("arr")
 

@@ -243,25 +243,34 @@ class TensorStoreWriter:
         step = rows * max(1, _SLAB_BYTES // max(1, rows * row_bytes))
         mem, store = draft.kvstore, array.kvstore
         in_flight: list[Any] = []
-        for start in range(0, values.shape[0], step):
-            stop = min(start + step, values.shape[0])  # tensorstore does not clip a slice
-            draft[start:stop].write(values[start:stop]).result()
-            sent = []
-            for key in mem.list().result():
-                if key == b"zarr.json":
-                    continue
-                body = mem.read(key).result().value
-                name = key.decode()
-                self._writer.record(name, len(body), CRC32C_RESIDUE if residue and
-                                    len(body) >= 4 else crc32c(body))
-                self._sent.add(name)
-                sent.append(store.write(key, body))
-                mem.write(key, None).result()
+        sent: list[Any] = []
+        try:
+            for start in range(0, values.shape[0], step):
+                stop = min(start + step, values.shape[0])  # tensorstore does not clip
+                draft[start:stop].write(values[start:stop]).result()
+                sent = []
+                for key in mem.list().result():
+                    if key == b"zarr.json":
+                        continue
+                    body = mem.read(key).result().value
+                    name = key.decode()
+                    self._writer.record(name, len(body), CRC32C_RESIDUE if residue and
+                                        len(body) >= 4 else crc32c(body))
+                    self._sent.add(name)
+                    sent.append(store.write(key, body))
+                    mem.write(key, None).result()
+                for future in in_flight:
+                    future.result()  # the slab before: at most two held at once
+                in_flight, sent = sent, []
             for future in in_flight:
-                future.result()  # the slab before: at most two held at once
-            in_flight = sent
-        for future in in_flight:
-            future.result()
+                future.result()
+        except BaseException:
+            # Every put started has landed or failed before the block's cleanup runs: one
+            # landing after it would be left in the entry, outside any attempt.
+            for future in [*in_flight, *sent]:
+                with contextlib.suppress(Exception):
+                    future.result()
+            raise
         self._streamed = True
         return True
 
