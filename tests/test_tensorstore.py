@@ -17,6 +17,7 @@ import json
 import os
 import re
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -652,7 +653,6 @@ def test_a_writer_killed_mid_stream_leaves_an_entry_open_refuses(s3_bucket: Buck
     import signal
     import subprocess
     import sys
-    import time
 
     url = s3_bucket.path("arr")
     with FaultProxy(upstream=s3_bucket.server.url) as proxy:
@@ -703,6 +703,32 @@ def test_a_streamed_write_that_fails_leaves_no_chunk_behind(
     fs = s3_bucket.filesystem()
     fs.invalidate_cache()
     assert fs.find(url[5:]) == []
+    assert dts.entry_for(url, s3_bucket.storage_options).state() is State.ABSENT
+
+
+def test_a_failed_block_waits_for_its_tracked_writes_before_the_cleanup(
+        s3_bucket: Bucket) -> None:
+    """The block raises while a tracked write's PUTs are still on their way: each has
+    landed or failed before the fresh entry is removed, so no chunk lands after the
+    cleanup, left in the bucket outside any attempt."""
+    url = s3_bucket.path("arr")
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.inject("delay", seconds=0.5, method="PUT", path=r"/arr/c/\d+/\d+$")
+        opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        with pytest.raises(RuntimeError, match="job died"), \
+                dts.writing(url, storage_options=opts) as w:
+            array = w.open(create=True, dtype=ts.float32, shape=[40, COLS],
+                           chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10]))
+            w.write(array, values(40))
+            raise RuntimeError("job died")
+        # Every chunk's PUT answered (already, with the wait; half a second later without)
+        deadline = time.monotonic() + 30
+        while proxy.count(method="PUT", path=r"/arr/c/\d+/\d+$", status=200) < 12:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        fs = s3_bucket.filesystem()
+        fs.invalidate_cache()
+        assert fs.find(url[5:]) == []
     assert dts.entry_for(url, s3_bucket.storage_options).state() is State.ABSENT
 
 

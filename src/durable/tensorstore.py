@@ -289,6 +289,19 @@ class TensorStoreWriter:
             return
         self._record_codewords()
 
+    def _settle(self) -> None:
+        """After a failure, before the entry's cleanup: every tracked write has landed or
+        failed, and every open transaction is aborted. A write still in flight while the
+        cleanup removes the entry would land after it, left in the entry outside any
+        attempt (and a transaction committed later would write into a cleared entry)."""
+        for txn in self._transactions:
+            if txn.open:
+                with contextlib.suppress(Exception):
+                    txn.abort()
+        for future in self._pending:
+            with contextlib.suppress(Exception):
+                getattr(future, "commit", future).result()
+
     def _record_codewords(self) -> None:
         """Record every object the manifest can be sure of without reading it back."""
         adapter, writer = self.entry.adapter, self._writer
@@ -375,8 +388,12 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
     try:
         with place.entry.writing(overwrite=overwrite, update=update, resume=resume) as ew:
             writer = TensorStoreWriter(place, ew, ctx)
-            yield writer
-            writer._finish()
+            try:
+                yield writer
+                writer._finish()
+            except BaseException:
+                writer._settle()
+                raise
     except ValueError as exc:
         if MALFORMED not in str(exc):
             raise

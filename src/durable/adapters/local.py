@@ -370,9 +370,13 @@ class LocalAdapter(Adapter):
             for d in all_dirs:
                 fsync_dir(d)
             return
+        # Files and directories at once: neither needs the other durable first (a
+        # directory's fsync makes its names durable, a file's its bytes), and both are done
+        # before this returns, which is all the marker after it needs. One batch, not two
+        # one after the other: the file system commits concurrent fsyncs together.
         pool = _fsync_pool()
-        list(pool.map(_fsync_file, paths))
-        list(pool.map(fsync_dir, all_dirs))
+        list(pool.map(_fsync_any, [*((p, False) for p in paths),
+                                   *((d, True) for d in all_dirs)]))
 
     def info(self, path: str) -> ObjectInfo | None:
         try:
@@ -480,6 +484,14 @@ class LocalAdapter(Adapter):
         parent = os.path.dirname(root)
         if os.path.isdir(parent):
             fsync_dir(parent)
+
+
+def _fsync_any(item: tuple[str, bool]) -> None:
+    path, is_dir = item
+    if is_dir:
+        fsync_dir(path)
+    else:
+        _fsync_file(path)
 
 
 def _fsync_file(path: str) -> None:
