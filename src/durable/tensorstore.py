@@ -372,7 +372,9 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
     transaction passed to `TensorStoreWriter.open` must succeed, then the marker is
     written; writes started with ``array.write()`` and neither tracked nor waited for may
     land after the commit, and the entry then fails verification. Any exception (a
-    failed write, KeyboardInterrupt) leaves no marker.
+    failed write, KeyboardInterrupt) leaves no marker; the cleanup that follows it runs
+    only once every tracked write has landed or failed and every open transaction passed
+    to `TensorStoreWriter.open` is aborted.
     """
     place = Place.of(url, storage_options)
     ctx = context if context is not None else ts.Context()
