@@ -732,6 +732,47 @@ def test_a_failed_block_waits_for_its_tracked_writes_before_the_cleanup(
     assert dts.entry_for(url, s3_bucket.storage_options).state() is State.ABSENT
 
 
+def test_a_commit_landing_during_the_open_is_opened_not_called_damaged(
+        s3_bucket: Bucket) -> None:
+    """zarr.json and the listing are fetched beside the marker, so perhaps before it: here
+    both are of commit 1, and the marker read after them is commit 2's (a rewrite, larger,
+    committed while the marker's GET was held). The open takes a second look after the
+    marker instead of calling a healthy entry damaged."""
+    import threading
+
+    url, direct = s3_bucket.path("arr"), s3_bucket.storage_options
+    dts.write(url, np.full((8, 8), 1.0), chunks=(4, 4), storage_options=direct)
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        via = {**direct, "endpoint_url": proxy.url}
+        # The endpoint's probe (a read of the marker) is paid first, by another entry.
+        dts.write(s3_bucket.path("warm"), np.ones((4, 4)), chunks=(4, 4),
+                  storage_options=direct)
+        dts.open(s3_bucket.path("warm"), storage_options=via)
+        marker = dts.entry_for(url, direct).layout.marker
+        proxy.inject("delay", seconds=6.0, method="GET", key=marker, times=1)
+        rewritten = threading.Event()
+
+        def rewrite() -> None:
+            deadline = time.monotonic() + 30
+            while not (proxy.count(method="GET", path=r"/arr/zarr\.json$", status=200)
+                       and proxy.count(query="list-type", status=200)):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            dts.write(url, np.full((12, 12), 2.0), chunks=(4, 4), storage_options=direct,
+                      overwrite=True)
+            rewritten.set()
+
+        other = threading.Thread(target=rewrite)
+        other.start()
+        try:
+            got = dts.open(url, storage_options=via)
+        finally:
+            other.join()
+        assert rewritten.is_set()
+        assert got.shape == (12, 12)
+        assert (got.read().result() == 2.0).all()
+
+
 def test_open_checks_the_listing_and_deep_checks_the_bytes(target: Target) -> None:
     url = target.url("arr")
 
@@ -793,6 +834,30 @@ def test_chunks_left_out_as_fill_values_still_read_as_fill_values(target: Target
                      spec={"fill_missing_data_reads": True})
     target.raw_delete("whole/c/1/1")
     assert (asked[10:20, 10:20].read().result() == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["file", "memory", "s3"])  # a resize is conditional: not
+def test_a_chunk_beyond_the_bounds_does_not_stand_in_for_one_left_out(  # on generation 0
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metadata-only shrink keeps a chunk beyond the new bounds; the chunk left out as
+    fill value inside them still reads as fill values (the commit holds as many chunk keys
+    as the grid has positions, but not every position)."""
+    target = make_target(kind, request, tmp_path, monkeypatch)
+    url = target.url("arr")
+    data = np.arange(12.0) + 1
+    data[4:8] = 0  # c/1: all fill value, not stored
+    with dts.writing(url, storage_options=target.options) as w:
+        array = w.open(create=True, dtype=ts.float64, shape=[12],
+                       chunk_layout=ts.ChunkLayout(chunk_shape=[4]))
+        w.write(array, data)
+        w.track(array.resize(exclusive_max=[8], resize_metadata_only=True))
+    marker = dts.entry_for(url, target.options).read_marker()
+    assert marker is not None and marker.manifest is not None
+    assert {"c/0", "c/2"} <= set(marker.manifest.objects) and "c/1" not in \
+        marker.manifest.objects
+    got = dts.open(url, storage_options=target.options).read().result()
+    assert got.tolist() == [1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]
 
 
 def test_metadata_changed_after_the_commit_with_its_size_is_refused(target: Target) -> None:

@@ -152,6 +152,32 @@ def test_a_write_beside_another_writers_record_checks_every_object(
     assert Entry(url, storage_options=options).verify(deep=True).ok
 
 
+def test_a_chunk_another_tool_removed_mid_write(
+        place: tuple[str, dict[str, Any] | None]) -> None:
+    """A chunk removed by a tool that is not durable (`rm`, `aws s3 rm`) before the commit.
+    On local disk the commit's fsync of it finds it gone: IntegrityError naming it, no
+    marker. On an object store a commit from the records lists no chunk and does not see
+    it (docs/guarantees.md): the entry commits, and the verified read of that chunk is an
+    IntegrityError naming it, never fill values."""
+    import fsspec
+
+    url, options = place
+    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+    if url.startswith("/"):
+        with pytest.raises(IntegrityError, match=r"c/1/1: written by this writer but gone"), \
+                sole_write(url, options):
+            fs.rm(f"{root}/c/1/1")
+        assert Entry(url, storage_options=options).state() is not State.COMPLETE
+        return
+    with sole_write(url, options):
+        fs.rm(f"{root}/c/1/1")
+    array = dz.open(url, storage_options=options)
+    assert array[0:8, 0:8].tolist() == DATA[0:8, 0:8].tolist()
+    with pytest.raises(IntegrityError, match=r"c/1/1"):
+        array[8:16, 8:16]
+    assert not Entry(url, storage_options=options).verify(raise_errors=False).ok
+
+
 def test_without_other_writers_the_entry_verifies_deep(
         place: tuple[str, dict[str, Any] | None]) -> None:
     url, options = place

@@ -656,8 +656,15 @@ class Entry:
         # The records dir was made by the attempt record without fsync: its entries in
         # the parent must be durable before the marker inside it counts.
         records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
-        self.adapter.sync([i.path for i in listing.values()],
-                          _dirs_of(self, listing) + records_dirs)
+        try:
+            self.adapter.sync([i.path for i in listing.values()],
+                              _dirs_of(self, listing) + records_dirs)
+        except FileNotFoundError as exc:
+            # Removed by another tool since it was written (a commit from the records lists
+            # nothing that would have shown it): never a marker over it.
+            gone = self.adapter.url(str(exc.filename)) if exc.filename else "an object"
+            raise IntegrityError(f"{self.url}: not committing: {gone}: written by this "
+                                 "writer but gone at commit", url=self.url) from None
         marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
                                     lease.fenced() if lease is not None else None)
         self.adapter.delete([self.layout.attempt_record(writer.attempt), *writer._spent]

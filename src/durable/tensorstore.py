@@ -569,6 +569,11 @@ def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
     data = fetched.result() if fetched is not None else place.read(where, context,
                                                                     _MAX_METADATA)
     found = None if data is None else (len(data), crc32c(data))
+    if found != (rec.size, rec.crc32c) and fetched is not None:
+        # Fetched beside the marker, so perhaps before it: a commit landing in between
+        # makes it the previous commit's document, not a damaged one. Read it again.
+        data = place.read(where, context, _MAX_METADATA)
+        found = None if data is None else (len(data), crc32c(data))
     if found != (rec.size, rec.crc32c):
         after = _attempt_now(place, context)
         if after != marker.attempt:  # a rewrite began after the marker was read
@@ -603,14 +608,24 @@ def _every_chunk_committed(marker: Marker, key: str, meta: dict[str, Any]) -> bo
         return False  # in a shard, an inner chunk left out is fill values by its index
     try:
         grid = meta["chunk_grid"]["configuration"]["chunk_shape"]
-        wanted = math.prod(-(-int(n) // int(c)) for n, c in zip(meta["shape"], grid,
-                                                                strict=True))
+        counts = [-(-int(n) // int(c)) for n, c in zip(meta["shape"], grid, strict=True)]
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return False
-    pattern = chunk_pattern(key[:-len("zarr.json")], meta)
+    prefix = key[:-len("zarr.json")]
+    pattern = chunk_pattern(prefix, meta)
     if pattern is None:
         return False
-    return sum(1 for k in marker.manifest.objects if pattern.fullmatch(k)) == wanted
+    # Grid positions, not keys: a chunk left beyond the bounds by a metadata-only shrink
+    # must not stand in for one inside them left out as fill value (its read would then
+    # be NOT_FOUND instead of fill values).
+    held = set()
+    for k in marker.manifest.objects:
+        if pattern.fullmatch(k):
+            at = tuple(int(i) for i in re.findall(r"\d+", k[len(prefix):]))[-len(counts):] \
+                if counts else ()
+            if all(i < n for i, n in zip(at, counts, strict=True)):
+                held.add(at)
+    return len(held) == math.prod(counts)
 
 
 def _rewritten(entry: Entry, marker: Marker, after: str | None) -> IncompleteError:
@@ -730,8 +745,15 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
             if deep:
                 entry.verify(deep=True)
             elif not (every_read_checked and seen is not None and seen.listed):
-                _check_listing(entry, marker, entry.adapter.list(entry.path)
-                               if listing is None else listing.result())
+                try:
+                    _check_listing(entry, marker, entry.adapter.list(entry.path)
+                                   if listing is None else listing.result())
+                except IntegrityError:
+                    if listing is None:
+                        raise
+                    # Listed beside the marker, so perhaps before a commit that landed
+                    # just before the marker's read: list again, after it.
+                    _check_listing(entry, marker, entry.adapter.list(entry.path))
             # Else this very commit (the same marker bytes) was checked against a listing
             # by an earlier open in this process, and every read of this array is checked
             # on its own: a chunk missing since is NOT_FOUND (fill_missing_data_reads off,
