@@ -448,6 +448,29 @@ def test_xarray_as_zarr(local: Store) -> None:
     assert "value.zarr/zarr.json" in keys and "key.json" in keys
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+@pytest.mark.parametrize("make", ["masked", "matrix", "recarray"])
+def test_array_subclasses_are_refused_not_stored_as_plain_arrays(
+        local: Store, make: str) -> None:
+    """A masked array came back as a plain ndarray without its mask (its mean changed),
+    np.matrix without its `*`: they are refused like tuples, not silently changed."""
+    import numpy as np
+
+    values = {"masked": lambda: np.ma.masked_array([1.0, -9999.0, 3.0],
+                                                   mask=[False, True, False]),
+              "matrix": lambda: np.matrix([[1, 2], [3, 4]]),
+              "recarray": lambda: np.rec.fromrecords([(1, 2.0)], names="a,b")}[make]
+    f = durable.cached(local.root, version=make)(values)
+    with pytest.raises(TypeError, match=r"no serializer stores a numpy\..*pickle=True"):
+        f()
+    assert f.state() is State.ABSENT
+    p = durable.cached(local.root, pickle=True, version=make)(values)
+    got = p()
+    assert type(got) is type(values())
+    if make == "masked":
+        assert got.mean() == 2.0
+
+
 def test_pickle_only_when_asked(local: Store) -> None:
     f = durable.cached(local.root)(lambda: (1, "tuple"))
     with pytest.raises(TypeError, match=r"tuple.*pickle=True"):

@@ -97,6 +97,40 @@ def test_exception_inside_leaves_nothing(place: Place, exc: BaseException) -> No
     assert e.state() is State.ABSENT
 
 
+@pytest.mark.parametrize("mode", ["wb", "w"])
+def test_a_file_still_open_when_the_block_ends_refuses_the_commit(
+        place: Place, mode: str) -> None:
+    """A file opened through the writer and not closed (or a thread still writing it)
+    when the block ends: the commit took its temp file for a killed writer's leftover and
+    committed the entry without it. It is refused, naming the object, and the file is
+    aborted: closing it later publishes nothing."""
+    e = Entry(place.url("ent"))
+    with pytest.raises(IntegrityError, match=r"still open when it ended: .*ent/open\.bin"), \
+            e.writing() as w:
+        w.write_bytes("closed.bin", b"closed")
+        left = w.fs.open(f"{w.path}/open.bin", mode)
+        left.write(b"payload" if "b" in mode else "payload")
+    assert e.state() is State.ABSENT
+    left.close()
+    assert e.state() is State.ABSENT
+    assert not [k for k in place.files() if k.startswith("ent/")]
+
+
+def test_the_writers_filesystem_deletes_nothing_after_the_commit(place: Place) -> None:
+    """Writes through ``w.fs`` after the block were refused, deletes were not: they took
+    objects out of the COMPLETE entry."""
+    e = write_complete(place, {"a": b"aaaa", "d/b": b"bb"})
+    with e.writing(overwrite=True) as w:
+        w.write_bytes("a", b"aaaa")
+        w.write_bytes("d/b", b"bb")
+    for act in (lambda: w.fs.rm_file(f"{w.path}/a"), lambda: w.fs.rm(f"{w.path}/a"),
+                lambda: w.fs.rm(f"{w.path}/d", recursive=True),
+                lambda: w.fs.makedirs(f"{w.path}/new"), lambda: w.fs.mkdir(f"{w.path}/n")):
+        with pytest.raises(ValueError, match="the writing\\(\\) block has ended"):
+            act()
+    assert e.state() is State.COMPLETE and e.verify(deep=True).ok
+
+
 def test_writing_onto_complete_is_refused(place: Place) -> None:
     e = write_complete(place, {"a": b"1", "b": b"2"})
     before = place.files()

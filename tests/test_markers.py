@@ -117,7 +117,7 @@ def external_with(**fields: Any) -> Callable[[Place, Doc], Doc]:
 
 
 PAD = "x" * (5 * 1024 * 1024)
-HOSTILE: dict[str, Callable[[Place, Doc], Doc] | bytes] = {
+HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "bad json": b'{"format": "durable.commit", "version": 1,',
     "not utf-8": b"\xff\xfe\x00{}",
     "empty file": b"",
@@ -139,6 +139,10 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc] | bytes] = {
     "attempt with a path": with_field(attempt="../../x"),
     "writer not an object": with_field(writer=["pid"]),
     "no manifest at all": lambda place, doc: {k: v for k, v in doc.items() if k != "manifest"},
+    "both manifest and manifest_ref": with_field(
+        manifest_ref={"key": "../../../sentinel", "size": 1, "crc32c": "00000000"}),
+    "valid marker in utf-16": lambda place, doc: json.dumps(doc).encode("utf-16"),
+    "valid marker in utf-32": lambda place, doc: json.dumps(doc).encode("utf-32"),
     "manifest a list": with_field(manifest=[["a", {"size": 8}]]),
     "record not an object": with_manifest("z", 17),
     "key with ..": with_manifest("../sentinel"),
@@ -191,7 +195,8 @@ def hostile_bytes(place: Place, doc: Doc, case: str) -> bytes:
     spec = HOSTILE[case]
     if isinstance(spec, bytes):
         return spec
-    return json.dumps(spec(place, copy.deepcopy(doc))).encode()
+    made = spec(place, copy.deepcopy(doc))
+    return made if isinstance(made, bytes) else json.dumps(made).encode()
 
 
 # Local paths every open/listdir/remove in this process touches, when recording.
@@ -259,6 +264,26 @@ def test_the_outside_check_sees_a_read_outside(tmp_path: os.PathLike[str]) -> No
 
     with pytest.raises(AssertionError, match="touched outside"):
         refused(place, reads_outside)
+
+
+def test_a_manifest_of_few_objects_with_long_keys_goes_external(
+        place: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inline manifest's size, not only its object count, sends it to an external
+    manifest: 9,000 objects with 500-character keys made a marker over the limit every
+    reader refuses, and the commit failed with a bare ValueError (here scaled down)."""
+    import durable._protocol as protocol
+
+    monkeypatch.setattr(protocol, "MAX_MARKER_BYTES", 4096)
+    e = Entry(place.url("long"))
+    keys = [f"{'k' * 100}/{i}" for i in range(40)]
+    with e.writing() as w:
+        for k in keys:
+            w.write_bytes(k, k.encode())
+    assert e.state() is State.COMPLETE
+    doc = json.loads(place.read(".durable/long/commit.json") or b"{}")
+    assert "manifest" not in doc and doc["manifest_ref"]["key"].startswith("manifest-")
+    assert e.verify(deep=True).ok and e.verify().objects == 40
+    assert read_verified(place.url("long", *keys[7].split("/"))) == keys[7].encode()
 
 
 def test_valid_markers_are_accepted(entry: tuple[Place, Entry, Doc]) -> None:

@@ -12,6 +12,7 @@ import io
 import os
 import zipfile
 from collections.abc import Callable
+from typing import Any
 
 import crc32c
 import pytest
@@ -288,6 +289,35 @@ def test_no_record_is_refused_unless_asked(place: Place) -> None:
     with pytest.raises(IntegrityError) as err:
         read_verified(url, expected_crc32c=crc32c.crc32c(b"other"))
     check_error(err.value, url, f"{crc32c.crc32c(b'other'):08x}", f"{crc32c.crc32c(DATA):08x}")
+
+
+@pytest.mark.parametrize("recorded", [single, in_entry])
+def test_expected_values_add_to_the_record_never_replace_it(
+        place: Place, recorded: Any) -> None:
+    """A recorded object damaged in place with its size kept: given the right size, the
+    read still checks the recorded CRC32C (it used to skip it). Given values that the
+    record contradicts, or that are not values at all, are errors naming the object."""
+    rel, url, _ = recorded(place)
+    damage(place, rel, "flipped")
+    for read in (lambda **kw: read_verified(url, **kw),
+                 lambda **kw: open_verified(url, **kw).read()):
+        with pytest.raises(IntegrityError, match="corrupt data"):
+            read(expected_size=N)
+    rel2 = rel.replace("obj.bin", "other.bin")
+    if recorded is single:
+        with atomic_write(place.url(rel2)) as f:
+            f.write(DATA)
+        url2 = place.canonical(rel2)
+    else:
+        url2 = place.canonical("ent", "small")
+    size = N if recorded is single else 5
+    with pytest.raises(IntegrityError) as err:
+        read_verified(url2, expected_size=size + 1)
+    check_error(err.value, url2, str(size + 1), str(size))
+    with pytest.raises(ValueError, match=r"expected_crc32c must be .*int\('9a71bb4c', 16\)"):
+        read_verified(url2, expected_crc32c="9a71bb4c")
+    with pytest.raises(ValueError, match="expected_size must be a non-negative int"):
+        read_verified(url2, expected_size=-1)
 
 
 def test_missing_object_with_a_record_is_an_integrity_error(place: Place) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -535,6 +536,7 @@ class Entry:
         try:
             yield writer
             writer._closed = True
+            writer._refuse_unfinished()
             self._commit(writer, unrecorded, lease)
         except BaseException:
             writer._closed = True
@@ -789,6 +791,9 @@ class EntryWriter:
         self._versions: dict[str, str] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # The files handed out, to see any still open when the block ends (weak: one that
+        # was dropped unclosed is aborted by its own finalizer).
+        self._writing: weakref.WeakSet[AtomicFile] = weakref.WeakSet()
         self._lease: Lease | None = None
         self._listing: dict[str, ObjectInfo] | None = None
         self._records_listing: dict[str, ObjectInfo] | None = None
@@ -819,7 +824,26 @@ class EntryWriter:
                                            durable=False)
         f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc,
                                              version=af.info.version if af.info else None)
+        self._writing.add(f)
         return f
+
+    def _refuse_unfinished(self) -> None:
+        """At the end of the block, before the commit: an object opened through the writer
+        and neither closed nor aborted is still being written (a file left open, a thread
+        still at work). The commit would take its temp file for a killed writer's leftover
+        and commit the entry without it; it is aborted here, and the commit refused."""
+        unfinished = [f for f in list(self._writing) if not f.done]
+        if not unfinished:
+            return
+        for f in unfinished:
+            with contextlib.suppress(Exception):
+                f.abort()
+        names = ", ".join(self.entry.adapter.url(f.path) for f in unfinished[:5])
+        raise IntegrityError(
+            f"{self.url}: not committing: {len(unfinished)} object(s) opened in the "
+            f"writing() block still open when it ended: {names} (close each file, and "
+            "let every thread writing finish, inside the block)", url=self.url,
+            expected="every object closed", found=f"{len(unfinished)} open")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         with self.open(key) as f:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durable._checksum import crc32c, crc_from_hex, crc_to_hex
-from durable._errors import MarkerError
+from durable._errors import MarkerError, UnsupportedError
 from durable._version import __version__
 
 __all__ = [
@@ -253,20 +253,22 @@ class Marker:
             "count": len(self.manifest),
             "total_size": self.manifest.total_size,
         }
-        external = None
         if len(self.manifest) <= INLINE_MANIFEST_OBJECTS:
-            doc["manifest"] = self.manifest.to_json()
-        else:
-            blob = _dumps({"format": FORMAT + ".manifest", "attempt": self.attempt,
-                           "manifest": self.manifest.to_json()})
-            key = f"manifest-{self.attempt}.json"
-            doc["manifest_ref"] = {"key": key, "size": len(blob),
-                                   "crc32c": crc_to_hex(crc32c(blob))}
-            external = (key, blob)
-        data = _dumps(doc)
-        if len(data) > MAX_MARKER_BYTES:
-            raise ValueError(f"marker would be {len(data)} bytes, over {MAX_MARKER_BYTES}")
-        return data, external
+            data = _dumps({**doc, "manifest": self.manifest.to_json()})
+            if len(data) <= MAX_MARKER_BYTES:
+                return data, None
+            # Fewer objects than the external threshold, but long keys: inline, the marker
+            # would be over the limit every reader refuses. External, as a large entry.
+        blob = _dumps({"format": FORMAT + ".manifest", "attempt": self.attempt,
+                       "manifest": self.manifest.to_json()})
+        if len(blob) > MAX_MANIFEST_BYTES:
+            raise UnsupportedError(
+                f"a manifest of {len(self.manifest)} objects is {len(blob)} bytes, over the "
+                f"limit of {MAX_MANIFEST_BYTES} every reader refuses: split the entry")
+        key = f"manifest-{self.attempt}.json"
+        doc["manifest_ref"] = {"key": key, "size": len(blob),
+                               "crc32c": crc_to_hex(crc32c(blob))}
+        return _dumps(doc), (key, blob)
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> Marker:
@@ -300,6 +302,10 @@ class Marker:
         if not isinstance(writer, dict):
             raise MarkerError(f"{where}: writer must be a JSON object", url=where)
         manifest = ref = None
+        if "manifest" in doc and "manifest_ref" in doc:
+            # Two manifests: which one a reader trusts must never be a choice.
+            raise MarkerError(f"{where}: marker has both 'manifest' and 'manifest_ref'",
+                              url=where)
         if "manifest" in doc:
             manifest = Manifest.from_json(doc["manifest"], where, kind)
         elif isinstance(doc.get("manifest_ref"), dict):
@@ -466,7 +472,10 @@ def _dumps(doc: Any) -> bytes:
 
 def _loads(data: bytes, where: str) -> dict[str, Any]:
     try:
-        doc = json.loads(data)
+        # UTF-8 only, as the protocol says (json.loads of bytes would also take UTF-16
+        # and UTF-32): a record is read the same way by every reader.
+        doc = json.loads(data.decode("utf-8") if isinstance(data, bytes | bytearray)
+                         else data)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MarkerError(f"{where}: not valid JSON ({exc})", url=where) from None
     if not isinstance(doc, dict):

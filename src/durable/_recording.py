@@ -96,7 +96,14 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
         self.pipe_file(path, b"")
 
+    def _still_writing(self) -> None:
+        # After the commit a delete through the writer would take an object out of a
+        # COMPLETE entry (it went INCOMPLETE); writes are refused by the writer itself.
+        if self.writer._closed:
+            raise ValueError(f"{self.writer.url}: the writing() block has ended")
+
     def rm_file(self, path: str) -> None:
+        self._still_writing()
         path = self._strip_protocol(path)
         key = self.writer.key_of(path)
         self.fs.rm_file(path)
@@ -106,6 +113,7 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self.rm_file(path)
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: Any = None) -> None:
+        self._still_writing()
         paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
         for p in reversed(paths):
             if self.fs.isfile(p):
@@ -115,9 +123,11 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
                     self.fs.rmdir(p)
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        self._still_writing()
         self.fs.mkdir(self._strip_protocol(path), create_parents=create_parents, **kwargs)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self._still_writing()
         self.fs.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:

@@ -141,8 +141,10 @@ def _loaded(module: str, name: str) -> Any:
 
 
 def _is_ndarray(value: Any) -> bool:
+    # Exactly ndarray: a subclass (a masked array, np.matrix, a recarray) would come back
+    # as a plain ndarray, its mask or its semantics gone without a word.
     cls = _loaded("numpy", "ndarray")
-    return cls is not None and isinstance(value, cls) and value.dtype.kind != "O"
+    return cls is not None and type(value) is cls and value.dtype.kind != "O"
 
 
 def _npy_dumps(value: Any) -> bytes:
@@ -179,8 +181,8 @@ def _npy_loads(data: bytes | bytearray) -> Any:
 
 
 def _is_frame(value: Any) -> bool:
-    cls = _loaded("pandas", "DataFrame")
-    return cls is not None and isinstance(value, cls)
+    cls = _loaded("pandas", "DataFrame")  # exactly: a subclass would come back as a frame
+    return cls is not None and type(value) is cls
 
 
 def _parquet_dumps(value: Any) -> bytes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import numbers
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -157,17 +158,38 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
               require_record: bool, info: ObjectInfo | None = None, *,
               stat_taken: bool = False,
               body: BinaryIO | None = None) -> tuple[int | None, int | None]:
-    """What the object is checked against: the sizes given, else its record (``info``,
-    ``stat_taken``: as `find_record` takes them; ``body``: a reader of ``info``'s
-    version, if one is open)."""
-    if size is not None or crc32c is not None:
-        return size, crc32c
+    """What the object is checked against: its record (``info``, ``stat_taken``: as
+    `find_record` takes them; ``body``: a reader of ``info``'s version, if one is open),
+    and the size and CRC32C the caller gives, which add to the record's checks and never
+    stand in for them (a recorded CRC32C skipped for a given size let a same-size
+    corruption through). Given values the record contradicts: IntegrityError."""
+    url = adapter.url(path)
+    given_values: tuple[tuple[str, object], ...] = (("expected_size", size),
+                                                    ("expected_crc32c", crc32c))
+    for name, value in given_values:  # typed int, but callers pass what they have
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, numbers.Integral)
+                                  or not 0 <= int(value) < (2**63 if name == "expected_size"
+                                                            else 2**32)):
+            raise ValueError(f"{url}: {name} must be a non-negative int"
+                             + (" below 2**32 (the CRC32C as a number, e.g. "
+                                "int('9a71bb4c', 16))" if name == "expected_crc32c" else "")
+                             + f", got {value!r:.40}")
+    given = size is not None or crc32c is not None
     found = find_record(adapter, path, info, stat_taken=stat_taken)
     if found is None:
-        if require_record:
+        if require_record and not given:
             _unrecorded(adapter, path, info if stat_taken else adapter.info(path), body)
-        return None, None
-    return found.record.size, found.record.crc32c
+        return size, crc32c
+    rec = found.record
+    for what, want, have in (("size", size, rec.size), ("CRC32C", crc32c, rec.crc32c)):
+        if want is not None and want != have:
+            shown = crc_to_hex if what == "CRC32C" else str
+            raise IntegrityError(
+                f"{url}: the caller expected {what} {shown(want)}, the object's record "
+                f"(in {found.entry}) says {shown(have)}", url=url, expected=shown(want),
+                found=shown(have))
+    return rec.size, rec.crc32c
 
 
 def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
@@ -198,8 +220,10 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
     """The whole object, only if its length and CRC32C match the record.
 
     The record is the one in the object's own metadata, else its commit marker (or its
-    entry's manifest), unless ``expected_size``/``expected_crc32c`` are given. Without
-    either: IncompleteError, unless ``require_record=False``, in which case only the length
+    entry's manifest); ``expected_size``/``expected_crc32c`` are checked too (against the
+    record where there is one: IntegrityError if it says otherwise), and stand for the
+    record where there is none. Without either: IncompleteError, unless
+    ``require_record=False``, in which case only the length
     the store declares is checked against the bytes that arrive. Without a CRC32C to check,
     an object store's error document served as the object (`error_document`) is an
     IntegrityError, never data. No object at all: FileNotFoundError naming the URL.

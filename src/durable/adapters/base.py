@@ -136,6 +136,11 @@ class AtomicFile(io.RawIOBase):
         return view.nbytes
 
     @property
+    def done(self) -> bool:
+        """Committed or aborted: nothing more goes into the store through this file."""
+        return self._done
+
+    @property
     def carries_record(self) -> bool:
         """Whether `commit` will publish ``record`` in the object's own metadata, in the
         same request as its bytes (asked once every byte is written). False here: the
