@@ -346,6 +346,25 @@ def test_recompute_and_clear(local: Store, counter: str) -> None:
     assert len(computations(counter)) == 3
 
 
+def test_a_recompute_that_fails_keeps_the_result_it_was_to_replace(local: Store) -> None:
+    fail = {"now": False}
+
+    @durable.cached(local.root)
+    def f(x: int) -> bytes:
+        if fail["now"]:
+            raise ConnectionError("upstream outage")
+        return b"good %d" % x
+
+    assert f(1) == b"good 1"
+    fail["now"] = True
+    with pytest.raises(ConnectionError, match="upstream outage"):
+        f.recompute(1)
+    assert f.state(1) is State.COMPLETE
+    assert f(1) == b"good 1"  # read back, not computed (that would raise)
+    fail["now"] = False
+    assert f.recompute(1) == b"good 1"
+
+
 # keys and serializers -------------------------------------------------------------------------
 def test_key_is_canonical_inspectable_and_versioned(local: Store) -> None:
     calls: list[tuple[Any, ...]] = []
@@ -377,6 +396,24 @@ def test_key_is_canonical_inspectable_and_versioned(local: Store) -> None:
     keyed = durable.cached(local.root, key=lambda a, *r, **k: {"id": id(a) * 0 + 1})(
         g.__wrapped__)
     assert keyed.entry(object()).url == keyed.entry(object()).url
+
+
+def test_a_dict_spelled_like_a_tagged_value_has_a_key_of_its_own(local: Store) -> None:
+    """Values JSON cannot hold are tagged ({"set": [...]}); a dict argument spelled the same
+    way shared their entry, and one call returned the other's result."""
+    import datetime as dt
+
+    f = durable.cached(local.root)(lambda x: repr(x))
+    for value, lookalike in (({1, 2}, {"set": [1, 2]}),
+                             (float("nan"), {"float": "nan"}),
+                             (dt.datetime(2020, 1, 1), {"datetime": "2020-01-01T00:00:00"}),
+                             ({"set": [1]}, {"dict": {"set": [1]}})):
+        assert f.entry(value).url != f.entry(lookalike).url
+        assert f(value) == repr(value) and f(lookalike) == repr(lookalike)
+    # A dict with no tag's name keeps its plain key (entries cached before stay found).
+    f({"a": 1})
+    assert json.loads(Path(f.entry({"a": 1}).path, "key.json").read_bytes())["key"] == \
+        {"x": {"a": 1}}
 
 
 def test_methods_are_bound_and_nameless_callables_refused(local: Store) -> None:

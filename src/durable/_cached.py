@@ -271,6 +271,9 @@ class CachedFunction(Generic[P, R]):
 
     def _write(self, entry: Entry, key_json: bytes, lease: Lease, args: tuple[Any, ...],
                kwargs: dict[str, Any], overwrite: bool) -> R:
+        # Computed before an overwrite clears the old result: a computation that fails
+        # leaves the result it was to replace, not an ABSENT entry.
+        computed = (self._func(*args, **kwargs),) if overwrite else ()
         with contextlib.ExitStack() as stack:
             # The state is checked before computing: a leftover stops the run first.
             try:
@@ -282,7 +285,7 @@ class CachedFunction(Generic[P, R]):
                 return self._load(entry)  # committed between our look and our lease
             except IncompleteExistsError:
                 raise _Leftover(entry._status(leased=True).reason) from None
-            value = self._func(*args, **kwargs)
+            value = computed[0] if computed else self._func(*args, **kwargs)
             # A computation longer than stale_after, or a pause, may have lost the lease:
             # find out before writing anything.
             lease.check()
@@ -358,6 +361,11 @@ def _readable(doc: Any) -> str:
     return ",".join(parts)[:_MAX_NAME].rstrip(",=")
 
 
+# The keys `_canonical` tags non-JSON values with (and dicts that use one of them).
+_TAGS = frozenset({"enum", "float", "set", "bytes", "datetime", "date", "time", "ndarray",
+                   "dict"})
+
+
 def _canonical(value: Any, where: str, depth: int = 0) -> Any:
     """``value`` as plain JSON that is the same for equal arguments in every process.
 
@@ -381,7 +389,11 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise TypeError(f"{where}: a dict with keys other than str cannot be a cache key")
-        return {k: _canonical(v, where, depth + 1) for k, v in value.items()}
+        plain = {k: _canonical(v, where, depth + 1) for k, v in value.items()}
+        # A dict spelled like a tagged value ({"set": [1, 2]} and the set {1, 2}) would
+        # share its entry, and one call would return the other's result: such a dict is
+        # tagged itself. Any other dict keeps its plain spelling (and its existing key).
+        return {"dict": plain} if _TAGS.intersection(plain) else plain
     if isinstance(value, set | frozenset):
         items = [_canonical(v, where, depth + 1) for v in value]
         return {"set": sorted(items, key=lambda v: _dumps(v))}
