@@ -398,6 +398,44 @@ def test_key_is_canonical_inspectable_and_versioned(local: Store) -> None:
     assert keyed.entry(object()).url == keyed.entry(object()).url
 
 
+_SCRIPT = """
+import multiprocessing as mp, os, sys
+import durable
+
+@durable.cached(sys.argv[1])
+def tokenize(shard):
+    with open(os.path.join(sys.argv[1], "computed.log"), "a") as f:
+        f.write(f"{shard}\\n")
+    return b"tokens-%d" % shard
+
+def work(shard):
+    return tokenize(shard)
+
+if __name__ == "__main__":
+    tokenize(1)
+    with mp.get_context("spawn").Pool(1) as pool:
+        print(pool.map(work, [1]))
+"""
+
+
+def test_a_script_and_its_spawned_workers_share_one_entry(tmp_path: Path) -> None:
+    """In the workers multiprocessing spawns, a script's module is __mp_main__: its
+    results were filed a second time under that name, and computed again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT)
+    root = tmp_path / "cache"
+    root.mkdir()
+    out = subprocess.run([sys.executable, str(script), str(root)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert "b'tokens-1'" in out
+    assert (root / "computed.log").read_text().split() == ["1"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != ".durable") \
+        == ["__main__.tokenize"]
+
+
 def test_a_dict_spelled_like_a_tagged_value_has_a_key_of_its_own(local: Store) -> None:
     """Values JSON cannot hold are tagged ({"set": [...]}); a dict argument spelled the same
     way shared their entry, and one call returned the other's result."""

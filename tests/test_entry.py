@@ -131,6 +131,29 @@ def test_the_writers_filesystem_deletes_nothing_after_the_commit(place: Place) -
     assert e.state() is State.COMPLETE and e.verify(deep=True).ok
 
 
+def test_a_block_that_writes_nothing_commits_an_empty_entry(place: Place) -> None:
+    """Zero shards, an empty dataset: on local disk the commit fsynced the entry's
+    directory, which nothing had made, and failed."""
+    e = Entry(place.url("ent"))
+    with e.writing():
+        pass
+    assert e.state() is State.COMPLETE
+    report = e.verify(deep=True)
+    assert report.ok and report.objects == 0
+
+
+@pytest.mark.parametrize("flags", [{"update": True, "overwrite": True},
+                                   {"resume": True, "overwrite": True},
+                                   {"resume": True, "update": True}])
+def test_contradictory_flags_are_refused(place: Place, flags: dict[str, bool]) -> None:
+    """update=True with overwrite=True silently overwrote: the data update=True keeps was
+    deleted."""
+    e = write_complete(place, {"a": b"aaaa"})
+    with pytest.raises(ValueError, match="at most one of"), e.writing(**flags):
+        pass
+    assert e.state() is State.COMPLETE and read_verified(place.url("ent", "a")) == b"aaaa"
+
+
 def test_writing_onto_complete_is_refused(place: Place) -> None:
     e = write_complete(place, {"a": b"1", "b": b"2"})
     before = place.files()

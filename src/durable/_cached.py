@@ -125,7 +125,11 @@ class CachedFunction(Generic[P, R]):
         self._version = _safe(str(version))
         if not self._version:
             raise ValueError(f"version {version!r} has nothing that can go in a path")
-        self._function = f"{func.__module__}.{func.__qualname__}"
+        # A script's functions are __main__'s in the script and __mp_main__'s in the
+        # workers multiprocessing spawns from it: one function, so one name (else each
+        # result is computed and stored twice).
+        module = "__main__" if func.__module__ == "__mp_main__" else func.__module__
+        self._function = f"{module}.{func.__qualname__}"
         self._name = getattr(func, "__name__", "function")
         self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{self._version}"
 

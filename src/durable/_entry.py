@@ -484,6 +484,13 @@ class Entry:
         marker is written only while it still is (`Lease.fenced`: LeaseLostError
         otherwise), overwriting keeps it, and a writer that lost it removes nothing.
         """
+        chosen = [n for n, v in (("overwrite", overwrite), ("resume", resume),
+                                 ("update", update)) if v]
+        if len(chosen) > 1:
+            # Each means something else for what is there (delete it, finish it, change
+            # it): two at once would do one of them silently.
+            raise ValueError(f"{self.url}: pass at most one of overwrite, resume and update "
+                             f"(got {' and '.join(chosen)})")
         keep_lease = lease is not None
         if lease is not None:
             if lease.url != self.adapter.url(self.layout.lease):

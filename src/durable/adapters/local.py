@@ -368,7 +368,7 @@ class LocalAdapter(Adapter):
             for p in paths:
                 _fsync_file(p)
             for d in all_dirs:
-                fsync_dir(d)
+                _fsync_any((d, True))
             return
         # Files and directories at once: neither needs the other durable first (a
         # directory's fsync makes its names durable, a file's its bytes), and both are done
@@ -488,10 +488,15 @@ class LocalAdapter(Adapter):
 
 def _fsync_any(item: tuple[str, bool]) -> None:
     path, is_dir = item
-    if is_dir:
+    if not is_dir:
+        _fsync_file(path)  # a file gone is the caller's to judge: it raises
+        return
+    try:
         fsync_dir(path)
-    else:
-        _fsync_file(path)
+    except FileNotFoundError:
+        # A directory that is not there holds nothing to make durable (an entry that
+        # wrote no object has none); a file gone from it fails its own fsync.
+        return
 
 
 def _fsync_file(path: str) -> None:
