@@ -137,6 +137,31 @@ def test_scan_mixed_root(place: Place) -> None:
     assert ".durable/bad.zarr/commit.json" in bad["reason"]
 
 
+def test_nothing_is_an_entry_inside_a_records_dir(place: Place) -> None:
+    """atomic_write, writing() and mark-complete into ROOT/.durable were accepted, and every
+    scan and clean of ROOT then stopped at '.../.durable cannot be an entry'. They are
+    refused; records of records put there by another tool are left out of the scan."""
+    from durable import atomic_write
+
+    with Entry(place.url("ok")).writing() as w:
+        w.write_bytes("a", b"a")
+    for make in (lambda: atomic_write(place.url(".durable", "notes.txt")).__enter__(),
+                 lambda: Entry(place.url(".durable", "mine")).writing().__enter__()):
+        with pytest.raises(ValueError, match=r"lies inside a records directory \(\.durable\)"):
+            make()
+    for cmd in ("mark-complete", "scan", "clean", "status"):
+        extra = {"mark-complete": ["--apply"], "clean": ["--older-than", "1d"]}
+        refused = run(cmd, place.url(".durable"), *extra.get(cmd, []))
+        assert refused.exit_code == 2, (cmd, refused.output)
+        assert ("records directory (.durable)" if cmd != "status" else "cannot be an entry") \
+            in refused.output
+    place.write(".durable/.durable/notes.txt/commit.json", b"{}")  # another tool's
+    rows = scan(place.url())
+    assert [(r.url, r.state) for r in rows] == [(url_of(place, "ok"), "COMPLETE")]
+    assert run("clean", place.url(), "--older-than", "1d").exit_code == 0
+    assert Entry(place.url("ok")).state() is State.COMPLETE
+
+
 def test_scan_table_and_fail_on_incomplete(place: Place) -> None:
     expected = make_mixed_root(place)
     result = run("scan", place.url())

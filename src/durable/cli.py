@@ -257,9 +257,17 @@ def _entry(ctx: click.Context, url: str) -> Entry:
 
 def _resolve(ctx: click.Context, url: str, hint: str = "ROOT") -> tuple[Adapter, str]:
     try:
-        return resolve(url, storage_options(ctx))
+        adapter, path = resolve(url, storage_options(ctx))
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param_hint=hint) from None
+    if RECORDS_DIR in path.rstrip("/").split("/"):
+        # Markers, attempt records and leases: durable's own, never data or an entry to
+        # scan, adopt or clean (give the directory that holds the records dir).
+        raise click.BadParameter(
+            f"{adapter.url(path)} is in a records directory ({RECORDS_DIR}), durable's "
+            "own: give the directory that holds it, or the entry itself", ctx,
+            param_hint=hint)
+    return adapter, path
 
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
