@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from pathlib import Path
 
 import crc32c
 import pytest
@@ -94,6 +95,28 @@ def test_create_only_refuses_existing_target_and_leaves_it(place: Place, mode: s
     assert place.files() == before
     # The refused write did not take the record away from the object it left in place.
     assert read_verified(place.url("a.bin")) == b"first"
+
+
+def test_a_file_in_the_way_of_a_directory_is_named(tmp_path: Path) -> None:
+    """A regular file where the target's directory must go: the error says so and names
+    it (it was a bare 'File exists'), and the half-made temp file is dropped without the
+    'Exception ignored in AtomicFile.__del__' traceback of a half-initialised file."""
+    import gc
+    import sys
+
+    (tmp_path / "model.pt").write_bytes(b"a file")
+    seen: list[object] = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    try:
+        with pytest.raises(NotADirectoryError, match="a file is where a directory is "
+                           "needed") as err, atomic_write(str(tmp_path / "model.pt" / "x")):
+            pass
+        gc.collect()
+    finally:
+        sys.unraisablehook = old_hook
+    assert err.value.filename == str(tmp_path / "model.pt")
+    assert seen == []
 
 
 def test_create_only_creates_when_absent(place: Place) -> None:

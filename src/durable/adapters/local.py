@@ -154,7 +154,10 @@ def _makedirs(path: str) -> list[str]:
             created.append(d)
         except FileExistsError:
             if not os.path.isdir(d):
-                raise
+                # "File exists" naming the directory reads as if the directory were fine.
+                raise NotADirectoryError(
+                    errno.ENOTDIR, "a file is where a directory is needed (to hold "
+                    f"{path})", d) from None
     return created
 
 
@@ -277,6 +280,8 @@ def _lock_problem(path: str) -> str | None:
 class _LocalAtomicFile(AtomicFile):
     def __init__(self, path: str, *, create_only: bool, durable: bool) -> None:
         super().__init__(path)
+        self._fd: int | None = None  # set first: a failure below is aborted cleanly
+        self._tmp = ""
         self._create_only = create_only
         self._durable = durable
         directory, name = os.path.split(path)
@@ -285,7 +290,7 @@ class _LocalAtomicFile(AtomicFile):
         # Same directory as the target: rename(2) is atomic only within one file system,
         # and a temp in /tmp (fsspec's LocalFileSystem does that) may be another one.
         self._tmp = os.path.join(directory, f".{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
-        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._written = 0
         self._started = 0  # bytes whose writeback is already started
         self._writeback: Callable[[int, int, int, int], int] | None = (
