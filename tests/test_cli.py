@@ -162,6 +162,19 @@ def test_nothing_is_an_entry_inside_a_records_dir(place: Place) -> None:
     assert Entry(place.url("ok")).state() is State.COMPLETE
 
 
+def test_mark_complete_inside_a_committed_entry_is_refused(place: Place) -> None:
+    """The survey skips what committed entries below ROOT hold, but not one above it:
+    ROOT=ds/sub of a committed ds adopted each file, writing markers into ds's data."""
+    with Entry(place.url("ds")).writing() as w:
+        for i in range(3):
+            w.write_bytes(f"sub/part-{i}.bin", b"x" * 100)
+    for extra in ([], ["--apply"]):
+        refused = run("mark-complete", place.url("ds", "sub"), *extra)
+        assert refused.exit_code == 2
+        assert f"inside the committed entry {url_of(place, 'ds')}" in refused.output
+    assert Entry(place.url("ds")).verify().ok
+
+
 def test_scan_table_and_fail_on_incomplete(place: Place) -> None:
     expected = make_mixed_root(place)
     result = run("scan", place.url())

@@ -255,6 +255,20 @@ def _entry(ctx: click.Context, url: str) -> Entry:
         raise click.BadParameter(str(exc), ctx, param_hint="URL") from None
 
 
+def _committed_ancestor(adapter: Adapter, path: str) -> str | None:
+    """The URL of a committed entry that holds ``path`` (one stat per level above it)."""
+    parent = path.rstrip("/").rpartition("/")[0]
+    while parent.strip("/") and "/" in parent.strip("/"):
+        try:
+            marker = Layout(parent).marker
+        except ValueError:
+            return None
+        if adapter.info(marker) is not None:
+            return adapter.url(parent)
+        parent = parent.rpartition("/")[0]
+    return None
+
+
 def _resolve(ctx: click.Context, url: str, hint: str = "ROOT") -> tuple[Adapter, str]:
     try:
         adapter, path = resolve(url, storage_options(ctx))
@@ -682,6 +696,14 @@ def adopt_doc(report: AdoptReport) -> dict[str, Any]:
 def mark_complete_cmd(ctx: click.Context, root: str, do_apply: bool, as_json: bool,
                       workers: int) -> None:
     adapter, path = _resolve(ctx, root)
+    holder = _committed_ancestor(adapter, path)
+    if holder is not None:
+        # Below ROOT the survey skips what committed entries hold, but it cannot see one
+        # above ROOT: markers written here would sit inside that entry's data, which then
+        # fails its own verification (unexpected objects).
+        raise click.BadParameter(f"{adapter.url(path)} is inside the committed entry "
+                                 f"{holder}: nothing in it is to be adopted", ctx,
+                                 param_hint="ROOT")
     with _ticking(not as_json, f"listing {root}") as tick:
         report = mark_complete_root(survey(adapter, path), apply=do_apply, workers=workers,
                                     progress=tick)
