@@ -502,3 +502,21 @@ def test_overwrite_recovers_an_entry_whose_marker_is_unreadable(place: Place) ->
     assert e.state() is State.COMPLETE
     assert marker_doc(place)["manifest"] == on_disk(place) == {
         "b": {"size": 1, "crc32c": f"{crc32c.crc32c(b'2'):08x}"}}
+
+
+@pytest.mark.parametrize("url", ["memory://dotdot/sub/../e1", "memory://dotdot/sub/./e1",
+                                 "memory://dotdot/sub//e1"])
+def test_dot_segments_are_refused_where_the_store_keeps_them_literally(url: str) -> None:
+    """A local disk resolves 'sub/../e1' to e1; an object store (and fsspec's memory
+    filesystem) keeps the literal key: one URL, two places. Refused, named."""
+    with pytest.raises(ValueError, match="mean different places on an object store"):
+        Entry(url)
+    with pytest.raises(ValueError, match="mean different places"):
+        read_verified(url)
+
+
+def test_an_empty_url_is_refused(tmp_path: os.PathLike[str]) -> None:
+    from durable import atomic_write
+
+    with pytest.raises(ValueError, match="an empty URL names no object"):
+        atomic_write("").__enter__()

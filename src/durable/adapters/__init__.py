@@ -77,5 +77,16 @@ def resolve(url: str | os.PathLike[str],
     """(adapter, path) for a URL, the way fsspec and xarray name places."""
     from fsspec.core import url_to_fs
 
-    fs, path = url_to_fs(os.fspath(url), **(storage_options or {}))
-    return adapter_for_fs(fs), path
+    text = os.fspath(url)
+    if not text:
+        raise ValueError("an empty URL names no object (it would be the current directory)")
+    fs, path = url_to_fs(text, **(storage_options or {}))
+    adapter = adapter_for_fs(fs)
+    if "file" not in type(adapter).protocols and "://" in text:
+        # An object store keeps "a/../b" and "a//b" as literal keys where a local disk
+        # resolves them: the same URL would name different objects on the two.
+        parts = path.split("/")
+        if any(p in (".", "..") for p in parts) or "" in parts[1:-1]:
+            raise ValueError(f"{text!r}: '.', '..' and empty segments mean different places "
+                             "on an object store and on a disk; give the path without them")
+    return adapter, path
