@@ -182,3 +182,15 @@ def test_handle_is_a_real_binary_file(place: Place) -> None:
         assert isinstance(f, io.BufferedIOBase)
         pickle.dump(obj, f)
     assert pickle.loads(read_verified(place.url("o.pkl"))) == obj
+
+
+def test_a_directory_is_not_a_file_to_write(tmp_path: Path) -> None:
+    """atomic_write onto a directory named its own temp file in the error, and a URL
+    ending in '/' was written as a file of that name."""
+    (tmp_path / "d").mkdir()
+    for target in (tmp_path / "d", f"{tmp_path}/newdir/"):
+        with pytest.raises(IsADirectoryError, match="a directory, not a file") as err, \
+                atomic_write(str(target)):
+            pass
+        assert err.value.filename == str(target)
+    assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
+import os
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -56,6 +58,10 @@ def atomic_write(
     """
     if mode not in ("wb", "w", "xb", "x", "wt", "xt"):
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")
+    if os.fspath(url).endswith("/"):
+        # fsspec drops the slash: "newdir/" would be written as a file named newdir.
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a file to write",
+                                os.fspath(url))
     adapter, path = resolve(url, storage_options)
     layout = Layout(path) if record else None
     create_only = mode.startswith("x")

@@ -285,6 +285,9 @@ class _LocalAtomicFile(AtomicFile):
         self._create_only = create_only
         self._durable = durable
         directory, name = os.path.split(path)
+        if not name or os.path.isdir(path):
+            # Else the error would name the temp file, or "dir/" would become a file.
+            raise IsADirectoryError(errno.EISDIR, "a directory, not a file to write", path)
         self._created_dirs = _makedirs(directory)
         self._dir = directory
         # Same directory as the target: rename(2) is atomic only within one file system,
