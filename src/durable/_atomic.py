@@ -64,6 +64,8 @@ def atomic_write(
                                 os.fspath(url))
     adapter, path = resolve(url, storage_options)
     layout = Layout(path) if record else None
+    if layout is not None:
+        layout.refuse_inside_records()
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
     buffered = io.BufferedWriter(raw, buffer_size=_BUFFER)

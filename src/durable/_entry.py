@@ -417,6 +417,7 @@ class Entry:
         It trusts what it adopts: run it only when nothing is writing the entry. A started
         but uncommitted `durable` writer is refused unless ``force=True``.
         """
+        self.layout.refuse_inside_records()
         st = self.status()
         if st.state is State.COMPLETE:
             raise AlreadyCompleteError(f"{self.url} is already COMPLETE", url=self.url)
@@ -484,6 +485,7 @@ class Entry:
         marker is written only while it still is (`Lease.fenced`: LeaseLostError
         otherwise), overwriting keeps it, and a writer that lost it removes nothing.
         """
+        self.layout.refuse_inside_records()
         chosen = [n for n, v in (("overwrite", overwrite), ("resume", resume),
                                  ("update", update)) if v]
         if len(chosen) > 1:

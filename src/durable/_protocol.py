@@ -412,15 +412,18 @@ class Layout:
         parent, _, name = self.path.rstrip("/").rpartition("/")
         if not name or name in (".", "..", RECORDS_DIR):
             raise ValueError(f"{self.path!r} cannot be an entry: it needs a name of its own")
-        if RECORDS_DIR in parent.split("/"):
-            # Inside another entry's records: its marker would sit in a records dir of a
-            # records dir, which scan and clean read as neither data nor an entry.
-            raise ValueError(f"{self.path!r} cannot be an entry: it lies inside a records "
-                             f"directory ({RECORDS_DIR}), which is durable's own")
         if not parent:
             # A bucket or a file-system root has no parent to hold its records.
             raise ValueError(f"{self.path!r} cannot be an entry: it has no parent directory "
                              "or prefix to hold its commit marker")
+
+    def refuse_inside_records(self) -> None:
+        """ValueError for an entry to be written inside a records directory: its marker
+        would sit in a records dir of a records dir, which scan and clean read as neither
+        data nor an entry (durable's own staging lives there, and is no entry)."""
+        if RECORDS_DIR in self.parent.split("/"):
+            raise ValueError(f"{self.path!r} cannot be an entry: it lies inside a records "
+                             f"directory ({RECORDS_DIR}), which is durable's own")
 
     @property
     def root(self) -> str:
