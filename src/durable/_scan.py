@@ -344,10 +344,10 @@ def survey(adapter: Adapter, path: str, *,
             temps[key] = info
         if RECORDS_DIR in parts[:-1]:
             i = parts.index(RECORDS_DIR)
-            # Records of an entry named like a records dir, or inside one, belong to no
-            # entry durable can make (Layout refuses both): left alone, never an entry
-            # that stops the scan of everything else.
-            if len(parts) >= i + 3 and RECORDS_DIR not in parts[i + 1:i + 2]:
+            # Records of an entry named like a records dir belong to no entry durable
+            # makes (Layout and writing() refuse it): left alone, never an entry that
+            # stops the scan of everything else.
+            if len(parts) >= i + 3 and parts[i + 1] != RECORDS_DIR:
                 found = entries.setdefault(k := "/".join([*parts[:i], parts[i + 1]]),
                                            EntryFound(k))
                 _add_record(found, parts[i + 2:], info)
