@@ -10,9 +10,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
+
+from durable import Entry
+from durable import _background as background
+from durable.testing.faults import FaultProxy
+from durable.testing.pytest_plugin import Bucket
 
 
 class Place:
@@ -78,3 +84,24 @@ def place(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterato
         MemoryFileSystem.store.pop(key, None)
     MemoryFileSystem.pseudo_dirs[:] = [d for d in MemoryFileSystem.pseudo_dirs
                                        if not d.startswith(root)]
+
+
+@pytest.fixture(autouse=True)
+def _housekeeping_settled() -> Iterator[None]:
+    """Every test ends with durable's background housekeeping done (a commit's removal of
+    its attempt record on an object store): none of it lands in the next test's store."""
+    yield
+    background.wait()
+
+
+@pytest.fixture
+def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
+    """A fault proxy in front of the moto server, and storage options that go through it;
+    the endpoint's per-process create-only probe already paid (by a first commit), so
+    what the proxy logs from here is what every later commit sends."""
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        with Entry(s3_bucket.path("warm"), storage_options=options).writing() as w:
+            w.write_bytes("a", b"a")
+        proxy.clear_requests()
+        yield proxy, options

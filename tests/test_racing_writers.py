@@ -179,16 +179,6 @@ def test_a_refused_start_leaves_no_attempt_record_behind(place: Place) -> None:
     assert place.files() == before
 
 
-@pytest.fixture
-def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
-    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
-        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
-        # The endpoint's create-only probe runs once per process: paid before looking.
-        with Entry(s3_bucket.path("warm"), storage_options=options).writing() as w:
-            w.write_bytes("a", b"a")
-        proxy.clear_requests()
-        yield proxy, options
-
 
 @pytest.mark.s3
 def test_on_s3_the_attempt_record_is_put_before_the_records_are_listed(

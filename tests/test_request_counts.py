@@ -8,7 +8,6 @@ comments say what each request is for; a count going down is good news: update i
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -28,17 +27,6 @@ def _kind(r: RequestRecord) -> str:
         return "DELETE"
     return r.method
 
-
-@pytest.fixture
-def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
-    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
-        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
-        # The per-endpoint create-only probe runs once per process and endpoint: pay it
-        # before counting, as every later commit does.
-        with durable.Entry(s3_bucket.path("warm"), storage_options=options).writing() as w:
-            w.write_bytes("a", b"a")
-        proxy.clear_requests()
-        yield proxy, options
 
 
 def _counts(proxy: FaultProxy, skip: str | None = None) -> dict[str, int]:

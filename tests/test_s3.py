@@ -25,6 +25,7 @@ from durable import (
     open_verified,
     read_verified,
 )
+from durable import _background as background
 from durable._checksum import Checksum, crc32c, crc_to_b64
 from durable._scan import scan
 from durable.adapters import adapter_for_fs
@@ -731,6 +732,9 @@ def fresh_endpoint(via_proxy: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def _bucket_keys(boto: Any, bucket: Bucket) -> list[str]:
+    """Every key, once durable's background housekeeping (a commit's removal of its
+    attempt record) has run."""
+    background.wait()
     return sorted(o["Key"] for o in boto.list_objects_v2(Bucket=bucket.name).get("Contents", []))
 
 

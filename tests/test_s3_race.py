@@ -53,6 +53,7 @@ import fsspec
 import pytest
 
 from durable import AlreadyCompleteError, Entry, IntegrityError
+from durable import _background as background
 from durable._checksum import crc32c
 from durable._protocol import Layout, Marker
 from durable.adapters import adapter_for_fs
@@ -176,6 +177,7 @@ def via_proxy(s3_bucket: Bucket, proxy: FaultProxy) -> Iterator[dict[str, Any]]:
 
 
 def _records(boto: Any, bucket: Bucket, entry_key: str) -> list[str]:
+    background.wait()  # a commit's removal of its attempt record runs in the background
     layout = Layout(f"{bucket.name}/{entry_key}")
     start = layout.records.split("/", 1)[1] + "/"
     resp = boto.list_objects_v2(Bucket=bucket.name, Prefix=start)

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
+import durable
 import durable.tensorstore as dts
+from durable.testing import faults
 from durable.testing.faults import FaultProxy
 from durable.testing.pytest_plugin import Bucket
 from test_request_counts import _kind  # LIST and DeleteObjects told apart
@@ -95,3 +97,37 @@ def test_a_write_adds_a_fixed_number_of_requests(
     for _ in range(2):
         assert (dts.open(bare, storage_options=options).read().result() == DATA).all()
         assert _counts(proxy) == ({"GET": 24}, {"GET": 2, "LIST": 1})
+
+
+def test_a_writes_zarr_json_goes_beside_its_first_chunks(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """The create-only PUT of zarr.json is not a round trip of its own before the chunks:
+    held 1 s by the proxy, chunks are put meanwhile, and the commit still waits for it."""
+    proxy, options = proxied
+    proxy.add(faults.delay(1.0, method="PUT", path=re.compile(r"/held/zarr\.json$")))
+    url = s3_bucket.path("held")
+    dts.write(url, DATA, chunks=[10, 10], storage_options=options)
+    (meta,) = [r for r in proxy.requests if r.path.endswith("/held/zarr.json")]
+    chunks = [r for r in proxy.requests if CHUNK.search(r.path)]
+    assert meta.status == 200 and len(chunks) == 24
+    assert min(r.started for r in chunks) < meta.started + meta.duration
+    marker = [r for r in proxy.requests if r.path.endswith("/.durable/held/commit.json")]
+    assert marker[0].started >= meta.started + meta.duration  # the commit waited for it
+    assert dts.entry_for(url, options).verify(deep=True).ok
+
+
+def test_a_refused_zarr_json_fails_the_write_and_leaves_nothing(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """A zarr.json refused as already there (a writer that raced past the start) fails the
+    write as tensorstore's create does; chunks already put beside it are all removed."""
+    proxy, options = proxied
+    proxy.add(faults.error(412, "PreconditionFailed", method="PUT",
+                           path=re.compile(r"/lost/zarr\.json$")))
+    url = s3_bucket.path("lost")
+    with pytest.raises(ValueError, match=r"ALREADY_EXISTS.*lost/zarr\.json"):
+        dts.write(url, DATA, chunks=[10, 10], storage_options=options)
+    plain = s3_bucket.filesystem()
+    plain.invalidate_cache()
+    assert plain.find(f"{s3_bucket.name}/lost") == []
+    assert plain.find(f"{s3_bucket.name}/.durable/lost") == []
+    assert dts.entry_for(url, s3_bucket.storage_options).state() is durable.State.ABSENT

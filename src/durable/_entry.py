@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from durable import _background as background
 from durable._checksum import Checksum, crc_to_hex
 from durable._errors import (
     AlreadyCompleteError,
@@ -678,10 +679,21 @@ class Entry:
                                  "writer but gone at commit", url=self.url) from None
         marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
                                     lease.fenced() if lease is not None else None)
-        self.adapter.delete([self.layout.attempt_record(writer.attempt), *writer._spent]
-                            + [i.path for i in fragments.values()])
-        if fragments:
-            self.adapter.prune(fragments_dir(self.layout.records, writer.attempt))
+        # From here the attempt's records only say a writer was here: their removal is
+        # housekeeping the caller does not wait for (a round trip on an object store). It
+        # is handed over after the marker's PUT returned: a failing racer that finds no
+        # attempt record finds the marker.
+        spent = ([self.layout.attempt_record(writer.attempt), *writer._spent]
+                 + [i.path for i in fragments.values()])
+        pruned = fragments_dir(self.layout.records, writer.attempt) if fragments else None
+
+        def tidy() -> None:
+            self.adapter.delete(spent)
+            if pruned is not None:
+                self.adapter.prune(pruned)
+
+        background.later(tidy, f"{self.url}: removing the committed attempt's records",
+                         now=bool(set(self.adapter.protocols) & _IN_PROCESS))
         return marker
 
     def _reconcile(self, writer: EntryWriter, recorded: dict[str, ObjectRecord],

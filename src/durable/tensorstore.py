@@ -132,6 +132,11 @@ class TensorStoreWriter:
         # ... and the same array on a memory kvstore, which encodes chunks for `_stream`
         self._drafts: dict[str, ts.TensorStore] = {}
         self._streamed = False  # every object of the entry went through `_stream`
+        # `write` across a network: the new root array's zarr.json, not put by `_create`
+        # but by `_stream` beside the first chunks (one round trip fewer), or by
+        # `_put_held` where the stream cannot run. Its key -> its bytes.
+        self._hold_metadata = False
+        self._held: dict[str, bytes] = {}
         self._sent: set[str] = set()  # the chunks `_stream` put and recorded
 
     def open(self, path: str = "", *, checksum_codec: bool = True,
@@ -187,14 +192,18 @@ class TensorStoreWriter:
         url = self.entry.adapter.url(f"{self.entry.path}/{key}")
         exists = ValueError(f"ALREADY_EXISTS: {url}: an array exists there; pass "
                             "open=True to open it")  # as tensorstore's create says
-        if key in self._writer.records():
+        if key in self._writer.records() or key in self._held:
             raise exists  # created in this block: known without asking the store
-        try:
-            with self._writer.open(key, create_only=True) as f:
-                f.write(data)
-        except FileExistsError:
-            raise exists from None
-        self._created[key] = (data, f.info.version if f.info is not None else None)
+        if self._hold_metadata and key == "zarr.json":
+            self._held[key] = data  # put by `_stream` (or `_put_held`), create-only too
+            self._created[key] = (data, None)
+        else:
+            try:
+                with self._writer.open(key, create_only=True) as f:
+                    f.write(data)
+            except FileExistsError:
+                raise exists from None
+            self._created[key] = (data, f.info.version if f.info is not None else None)
         self._drafts[key] = draft
         if "kvstore" in kwargs:
             rest["kvstore"] = kwargs["kvstore"]
@@ -244,6 +253,11 @@ class TensorStoreWriter:
         mem, store = draft.kvstore, array.kvstore
         in_flight: list[Any] = []
         sent: list[Any] = []
+        # The held zarr.json goes beside the first chunks, not before them: the entry was
+        # found empty (or cleared) at the start, so only a writer that raced past the
+        # start can be there to collide with, and the commit waits for the answer.
+        metadata = ThreadPoolExecutor(1) if self._held else None
+        created = metadata.submit(self._put_held) if metadata is not None else None
         try:
             for start in range(0, values.shape[0], step):
                 stop = min(start + step, values.shape[0])  # tensorstore does not clip
@@ -264,15 +278,34 @@ class TensorStoreWriter:
                 in_flight, sent = sent, []
             for future in in_flight:
                 future.result()
+            if created is not None:
+                created.result()
         except BaseException:
             # Every put started has landed or failed before the block's cleanup runs: one
             # landing after it would be left in the entry, outside any attempt.
-            for future in [*in_flight, *sent]:
+            for future in [*in_flight, *sent, *([created] if created else [])]:
                 with contextlib.suppress(Exception):
                     future.result()
             raise
+        finally:
+            if metadata is not None:
+                metadata.shutdown()
         self._streamed = True
         return True
+
+    def _put_held(self) -> None:
+        """Put the held zarr.json, create-only and recorded: from `_stream` beside its
+        first chunks, or before the usual write where the stream cannot run."""
+        for key, data in list(self._held.items()):
+            try:
+                with self._writer.open(key, create_only=True) as f:
+                    f.write(data)
+            except FileExistsError:
+                url = self.entry.adapter.url(f"{self.entry.path}/{key}")
+                raise ValueError(f"ALREADY_EXISTS: {url}: an array exists there; pass "
+                                 "open=True to open it") from None
+            del self._held[key]
+            self._created[key] = (data, f.info.version if f.info is not None else None)
 
     def _finish(self) -> None:
         for future in self._pending:
@@ -413,11 +446,14 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
         kwargs["chunk_layout"] = ts.ChunkLayout(chunk_shape=list(chunks))
     with writing(url, storage_options=storage_options, context=context,
                  overwrite=overwrite) as w:
+        remote = w._place.endpoint is not None
+        w._hold_metadata = remote
         array = w.open(create=True, dtype=values.dtype, shape=values.shape,
                        checksum_codec=checksum_codec, **kwargs)
         # Across a network, chunks are encoded here and put by this writer, recorded as
         # they go: the commit lists no chunk (and reads none back without the codec).
-        if not (w._place.endpoint is not None and w._stream(array, values)):
+        if not (remote and w._stream(array, values)):
+            w._put_held()
             w.write(array, values)
     return w.entry
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
+from durable import _background as background
 from durable.testing.faults._exchange import Exchange, RequestRecord
 from durable.testing.faults._http import BUF, Headers, PeerClosed, ProtocolError
 from durable.testing.faults._kinds import FACTORIES, Fault, Match, QueryPredicate, RequestInfo
@@ -96,6 +97,10 @@ class FaultProxy:
         server, thread = self._server, self._thread
         if server is None:
             return
+        # durable's housekeeping still under way through this proxy (a commit's removal of
+        # its attempt record) reaches the store, not a closed port.
+        with contextlib.suppress(TimeoutError):
+            background.wait(timeout)
         self._stopping.set()
         server.shutdown()
         server.server_close()
@@ -176,11 +181,16 @@ class FaultProxy:
 
     @property
     def requests(self) -> list[RequestRecord]:
-        """A snapshot of the request log, oldest first."""
+        """A snapshot of the request log, oldest first, once durable's housekeeping handed
+        to the background so far (a commit's removal of its attempt record) has run: the
+        log then holds every request of what the caller did, and nothing lands later."""
+        background.wait()
         with self._lock:
             return list(self._log)
 
     def clear_requests(self) -> None:
+        """Forget the log, after durable's pending housekeeping (as `requests`)."""
+        background.wait()
         with self._lock:
             self._log = []
 

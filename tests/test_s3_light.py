@@ -1,0 +1,131 @@
+"""durable's small PUTs on S3 through obstore (`durable.adapters._s3_light`): the same
+request as through s3fs, or s3fs itself.
+
+Each test looks at what reached the store through the fault proxy, or at the bucket with a
+client that shares nothing with durable.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import fsspec
+import pytest
+
+from durable import AlreadyCompleteError, Entry, State
+from durable.adapters import _s3_light as light
+from durable.adapters import adapter_for_fs
+from durable.adapters.s3 import S3Adapter
+from durable.testing import faults
+from durable.testing.faults import FaultProxy
+from durable.testing.pytest_plugin import Bucket
+
+pytestmark = pytest.mark.s3
+
+
+
+def _adapter(options: dict[str, Any]) -> S3Adapter:
+    adapter = adapter_for_fs(fsspec.filesystem("s3", skip_instance_cache=True, **options))
+    assert isinstance(adapter, S3Adapter)
+    return adapter
+
+
+def _stored(bucket: Bucket, key: str) -> bytes:
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **bucket.storage_options)
+    return bytes(fs.cat_file(f"{bucket.name}/{key}"))
+
+
+def test_a_commits_small_puts_go_through_obstore_as_the_same_requests(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy, options = proxied
+    sent: list[str] = []
+    real = light.put
+
+    def spy(store: Any, adapter: Any, bucket: str, key: str, data: bytes,
+            create_only: bool) -> str | None:
+        sent.append(key)
+        return real(store, adapter, bucket, key, data, create_only)
+
+    monkeypatch.setattr("durable.adapters.s3.light_put", spy)
+    entry = Entry(s3_bucket.path("e"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("a", b"1" * 100)
+    assert [k.rpartition("/")[2] for k in sent][1:] == ["commit.json"]
+    assert re.fullmatch(r"\.durable/e/attempts/[0-9a-f]+\.json", sent[0])
+    puts = {r.key: r for r in proxy.requests if r.method == "PUT"}
+    # The marker: create-only, signed over its payload (the store checks the body).
+    marker = puts[".durable/e/commit.json"]
+    assert marker.headers.get("if-none-match") == "*" and marker.status == 200
+    assert re.fullmatch(r"[0-9a-f]{64}", marker.headers.get("x-amz-content-sha256", ""))
+    # The data went through s3fs, with its CRC32C as before.
+    assert "x-amz-checksum-crc32c" in puts["e/a"].headers
+    assert Entry(s3_bucket.path("e"), storage_options=s3_bucket.storage_options
+                 ).verify(deep=True).ok
+
+
+def test_a_create_only_put_refused_is_file_exists(s3_bucket: Bucket) -> None:
+    adapter = _adapter(dict(s3_bucket.storage_options))
+    path = f"{s3_bucket.name}/once.json"
+    adapter.put(path, b"first", create_only=True)
+    assert adapter._light_stores[s3_bucket.name] is not None  # it went through obstore
+    with pytest.raises(FileExistsError, match=r"once\.json already exists"):
+        adapter.put(path, b"second", create_only=True)
+    assert _stored(s3_bucket, "once.json") == b"first"
+
+
+def test_a_marker_put_whose_answer_was_lost_is_still_a_commit(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """The store applied the marker's PUT, the answer never came: obstore sends it again,
+    the store refuses the retry (create-only), and the bytes there are this writer's."""
+    proxy, options = proxied
+    proxy.add(faults.drop_connection(forward=True, method="PUT",
+                                     path=re.compile(r"/lost/commit\.json$"), times=1))
+    entry = Entry(s3_bucket.path("lost"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("a", b"1")
+    marker = [(r.method, r.status) for r in proxy.requests
+              if r.key == ".durable/lost/commit.json"]
+    # Dropped after the store applied it; the retry refused (ours is there); read back.
+    assert marker == [("PUT", None), ("PUT", 412), ("GET", 200)]
+    assert entry.state() is State.COMPLETE
+
+
+def test_another_writers_marker_is_still_refused(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    _, options = proxied
+    first = Entry(s3_bucket.path("two"), storage_options=options).writing(resume=True)
+    second = Entry(s3_bucket.path("two"), storage_options=options).writing(resume=True)
+    first.__enter__().write_bytes("a", b"1")
+    second.__enter__().write_bytes("a", b"1")
+    first.__exit__(None, None, None)
+    with pytest.raises(AlreadyCompleteError, match="another writer committed"):
+        second.__exit__(None, None, None)
+
+
+def test_a_refusal_names_the_object_and_the_status(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    proxy, options = proxied
+    proxy.add(faults.error(403, "AccessDenied", method="PUT", path=re.compile(r"/denied$")))
+    adapter = _adapter(options)
+    with pytest.raises(PermissionError, match=rf"s3://{s3_bucket.name}/denied: PutObject "
+                                              r"answered HTTP 403"):
+        adapter.put(f"{s3_bucket.name}/denied", b"x")
+
+
+def test_keys_obstore_would_not_name_exactly_go_through_s3fs(s3_bucket: Bucket) -> None:
+    adapter = _adapter(dict(s3_bucket.storage_options))
+    for key in ("a/./b", "c//d"):
+        info = adapter.put(f"{s3_bucket.name}/{key}", b"exact")
+        assert _stored(s3_bucket, key) == b"exact" and info.size == 5
+
+
+def test_options_it_does_not_map_leave_every_request_to_s3fs(s3_bucket: Bucket) -> None:
+    """Retries, proxies, encryption, ACLs: s3fs's options that obstore would not apply."""
+    for extra in ({"config_kwargs": {"retries": {"max_attempts": 1}}},
+                  {"s3_additional_kwargs": {"ACL": "private"}},
+                  {"requester_pays": True}):
+        adapter = _adapter({**s3_bucket.storage_options, **extra})
+        adapter.put(f"{s3_bucket.name}/plain-{len(extra)}", b"x")
+        assert adapter._light_stores == {s3_bucket.name: None}, extra
