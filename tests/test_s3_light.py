@@ -129,3 +129,13 @@ def test_options_it_does_not_map_leave_every_request_to_s3fs(s3_bucket: Bucket) 
         adapter = _adapter({**s3_bucket.storage_options, **extra})
         adapter.put(f"{s3_bucket.name}/plain-{len(extra)}", b"x")
         assert adapter._light_stores == {s3_bucket.name: None}, extra
+
+
+def test_a_ca_bundle_botocore_trusts_leaves_tls_endpoints_to_s3fs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is sent here: the store is only built (a presigned URL is made locally)."""
+    options = {"endpoint_url": "https://127.0.0.1:9", "key": "k", "secret": "s"}
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    assert light.light_store(_adapter(options), "b") is not None
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    assert light.light_store(_adapter(options), "b") is None

@@ -189,9 +189,7 @@ class TensorStoreWriter:
         assert draft.kvstore is not None  # a zarr3 array always has one
         data = bytes(draft.kvstore.read("zarr.json").result().value)
         key = f"{path.strip('/')}/zarr.json".lstrip("/")
-        url = self.entry.adapter.url(f"{self.entry.path}/{key}")
-        exists = ValueError(f"ALREADY_EXISTS: {url}: an array exists there; pass "
-                            "open=True to open it")  # as tensorstore's create says
+        exists = self._exists(key)
         if key in self._writer.records() or key in self._held:
             raise exists  # created in this block: known without asking the store
         if self._hold_metadata and key == "zarr.json":
@@ -209,6 +207,12 @@ class TensorStoreWriter:
             rest["kvstore"] = kwargs["kvstore"]
         return ts.open({**full, "metadata": json.loads(data)}, context=self.context,
                        open=True, assume_cached_metadata=True, **rest).result()
+
+    def _exists(self, key: str) -> ValueError:
+        """The error of a create over an array at ``key``, as tensorstore's create says it."""
+        url = self.entry.adapter.url(f"{self.entry.path}/{key}")
+        return ValueError(f"ALREADY_EXISTS: {url}: an array exists there; pass open=True "
+                          "to open it")
 
     def _creates(self, path: str, kwargs: dict[str, Any]) -> bool:
         if kwargs.get("delete_existing") or (kwargs.get("create") and not kwargs.get("open")):
@@ -301,9 +305,7 @@ class TensorStoreWriter:
                 with self._writer.open(key, create_only=True) as f:
                     f.write(data)
             except FileExistsError:
-                url = self.entry.adapter.url(f"{self.entry.path}/{key}")
-                raise ValueError(f"ALREADY_EXISTS: {url}: an array exists there; pass "
-                                 "open=True to open it") from None
+                raise self._exists(key) from None
             del self._held[key]
             self._created[key] = (data, f.info.version if f.info is not None else None)
 

@@ -16,7 +16,7 @@ s3fs is used as before:
   ``config_kwargs`` or ``s3_additional_kwargs`` (server-side encryption, ACLs, retries,
   proxies, addressing), ``client_kwargs`` beyond the endpoint and region, no requester pays;
 - the bucket is addressed the way botocore addresses it (read off a presigned URL: path or
-  virtual-hosted style);
+  virtual-hosted style), and over TLS only with the default trust (no ``AWS_CA_BUNDLE``);
 - the key parses as an object_store path unchanged (object_store refuses keys with empty or
   ``.`` segments instead of rewriting them; such keys go through s3fs).
 
@@ -92,10 +92,9 @@ def _build(adapter: S3Adapter, bucket: str) -> Any:
     virtual = where.hostname is not None and where.hostname.startswith(f"{bucket}.")
     if not virtual and not where.path.startswith(f"/{bucket}/"):
         return None  # an addressing this module does not know
+    if where.scheme == "https" and os.environ.get("AWS_CA_BUNDLE"):
+        return None  # botocore trusts that bundle alone; obstore would not read it the same
     client_options: ClientConfig = {"allow_http": where.scheme == "http"}
-    bundle = os.environ.get("AWS_CA_BUNDLE")
-    if where.scheme == "https" and bundle:
-        client_options["root_certificate"] = bundle
     endpoint = f"{where.scheme}://{where.netloc}"
     try:
         return S3Store(bucket, endpoint=endpoint, virtual_hosted_style_request=virtual,
