@@ -344,3 +344,15 @@ def test_open_verified_refuses_write_modes(place: Place) -> None:
     _, url, _ = single(place)
     with pytest.raises(ValueError):
         open_verified(url, "wb")
+
+
+def test_a_directory_is_not_an_object_and_says_so(place: Place) -> None:
+    with Entry(place.url("ds")).writing() as w:
+        w.write_bytes("a.bin", b"payload")
+    for call in (read_verified, open_verified):
+        with pytest.raises(IsADirectoryError, match=r"a directory \(or prefix\), not an "
+                                                    r"object.*/ds'"):
+            call(place.url("ds"))
+    with pytest.raises(FileNotFoundError, match="no such object"):
+        read_verified(place.url("nothing-here"))
+    assert read_verified(place.url("ds", "a.bin")) == b"payload"

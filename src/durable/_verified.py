@@ -199,6 +199,11 @@ def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
     (IncompleteError). Only this failure path costs the stat or read it takes."""
     url = adapter.url(path)
     if info is None:
+        if adapter.exists(path):
+            # Objects below it: an entry or a folder, which has no bytes of its own.
+            raise IsADirectoryError(errno.EISDIR, "a directory (or prefix), not an object: "
+                                    "read one of its objects, or check it whole with "
+                                    "durable.Entry(url).verify()", url)
         raise FileNotFoundError(errno.ENOENT, "no such object", url)
     if 0 < info.size <= ERROR_DOC_LIMIT:
         f = body if body is not None else adapter.open_read(path, info)
