@@ -84,3 +84,25 @@ def test_a_failed_removal_is_logged_and_the_entry_stays_complete(
                                                                            "attempts"}
     assert any(entry.url in r.getMessage() and "attempt's records" in r.getMessage()
                and "403" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.s3
+def test_a_process_exiting_right_after_a_commit_still_removes_its_attempt_record(
+        s3_bucket: Bucket) -> None:
+    """Through s3fs's event loop at interpreter exit: the removal, slowed by a second,
+    still reaches the store before the process ends."""
+    script = textwrap.dedent(f"""
+        import time
+        from durable import Entry
+        from durable.adapters.s3 import S3Adapter
+        real = S3Adapter.delete
+        def slow(self, paths):
+            time.sleep(1.0)
+            real(self, paths)
+        S3Adapter.delete = slow
+        with Entry({s3_bucket.path('quits')!r},
+                   storage_options={dict(s3_bucket.storage_options)!r}).writing() as w:
+            w.write_bytes("a", b"1")
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert _records(s3_bucket, "quits") == {"commit.json"}
