@@ -139,3 +139,17 @@ def test_a_ca_bundle_botocore_trusts_leaves_tls_endpoints_to_s3fs(
     assert light.light_store(_adapter(options), "b") is not None
     monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
     assert light.light_store(_adapter(options), "b") is None
+
+
+def test_aws_settings_in_the_environment_obstore_would_apply_leave_it_to_s3fs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """obstore reads AWS_* from the environment too: a setting s3fs would not apply the
+    same way (a session token beside explicit keys, server-side encryption) means s3fs."""
+    options = {"endpoint_url": "http://127.0.0.1:9", "key": "k", "secret": "s"}
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    assert light.light_store(_adapter(options), "b") is not None
+    for name, value in (("AWS_SESSION_TOKEN", "someone-elses"),
+                        ("AWS_SERVER_SIDE_ENCRYPTION", "aws:kms")):
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            assert light.light_store(_adapter(options), "b") is None, name

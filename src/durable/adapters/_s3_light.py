@@ -14,7 +14,9 @@ s3fs is used as before:
   (``key``/``secret``/``token``, the environment, a credentials file: whatever botocore
   resolved, unless it refreshes) or ``anon``, ``endpoint_url``, the region; nothing in
   ``config_kwargs`` or ``s3_additional_kwargs`` (server-side encryption, ACLs, retries,
-  proxies, addressing), ``client_kwargs`` beyond the endpoint and region, no requester pays;
+  proxies, addressing), ``client_kwargs`` beyond the endpoint and region, no requester pays,
+  and no ``AWS_*`` setting in the environment that obstore would apply on its own
+  (``_ENV_ALIKE`` lists those it may meet);
 - the bucket is addressed the way botocore addresses it (read off a presigned URL: path or
   virtual-hosted style), and over TLS only with the default trust (no ``AWS_CA_BUNDLE``);
 - the key parses as an object_store path unchanged (object_store refuses keys with empty or
@@ -46,6 +48,16 @@ if TYPE_CHECKING:
 
 __all__ = ["light_store", "put"]
 
+# obstore also reads AWS_* settings from the environment, and the explicit ones passed here
+# override only their own: any other it would apply (a session token beside explicit keys,
+# server-side encryption, requester pays, unsigned payloads, ...) would make its PUT
+# differ from s3fs's. With one of those set, s3fs alone. These are read by botocore too,
+# or overridden below, or concern only credential lookups that explicit keys skip.
+_ENV_ALIKE = frozenset({
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION",
+    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_EC2_METADATA_DISABLED", "AWS_CA_BUNDLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+    "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
 # As s3fs's botocore retries a PutObject (a lost answer, a 5xx): a few times, not for minutes.
 _RETRIES: RetryConfig = {"max_retries": 4, "retry_timeout": datetime.timedelta(seconds=60)}
 _LOCK = threading.Lock()
@@ -66,7 +78,8 @@ def light_store(adapter: S3Adapter, bucket: str) -> Any:
 def _build(adapter: S3Adapter, bucket: str) -> Any:
     fs = adapter.fs
     if (fs.config_kwargs or fs.s3_additional_kwargs or fs.requester_pays
-            or set(fs.client_kwargs) - {"endpoint_url", "region_name"}):
+            or set(fs.client_kwargs) - {"endpoint_url", "region_name"}
+            or any(k.startswith("AWS_") and k not in _ENV_ALIKE for k in os.environ)):
         return None
     try:
         from obstore.store import S3Store
@@ -82,6 +95,9 @@ def _build(adapter: S3Adapter, bucket: str) -> Any:
         if creds is None or hasattr(creds, "refresh_needed"):
             return None  # refreshing credentials (STS, SSO, instance roles): s3fs alone
         frozen = sync(fs.loop, creds.get_frozen_credentials)
+        env_token = os.environ.get("AWS_SESSION_TOKEN") or os.environ.get("AWS_SECURITY_TOKEN")
+        if env_token and env_token != frozen.token:
+            return None  # obstore would sign with the environment's token beside these keys
         options.update(access_key_id=frozen.access_key, secret_access_key=frozen.secret_key)
         if frozen.token:
             options["token"] = frozen.token
