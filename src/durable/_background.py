@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = ["later", "wait"]
 
-log = logging.getLogger("durable")
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
