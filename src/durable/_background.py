@@ -54,7 +54,8 @@ def later(work: Callable[[], None], what: str, *, now: bool = False) -> None:
 
 
 def wait(timeout: float | None = None) -> None:
-    """Block until the work handed to `later` so far has run (or ``timeout`` seconds)."""
+    """Block until the work handed to `later` so far has run; ``timeout``: seconds to wait
+    for each piece at most (TimeoutError past it)."""
     with _lock:
         futures = list(_pending)
     for future in futures:
