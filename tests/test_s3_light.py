@@ -153,3 +153,70 @@ def test_aws_settings_in_the_environment_obstore_would_apply_leave_it_to_s3fs(
         with monkeypatch.context() as m:
             m.setenv(name, value)
             assert light.light_store(_adapter(options), "b") is None, name
+
+
+def _through_s3fs(adapter: S3Adapter, prefix: str, monkeypatch: pytest.MonkeyPatch,
+                  ) -> dict[str, Any]:
+    with monkeypatch.context() as m:
+        m.setattr(S3Adapter, "light_puts", False)
+        return adapter.list(prefix)
+
+
+def test_a_commits_records_listings_go_through_obstore_and_say_what_s3fs_says(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records dir is listed twice per commit on S3 (as the writer starts, and before
+    its marker): through obstore, each object as s3fs lists it (key, size, ETag, time)."""
+    proxy, options = proxied
+    answered: list[str] = []
+    real = light.list_below
+
+    def spy(store: Any, adapter: Any, bucket: str, start: str) -> Any:
+        got = real(store, adapter, bucket, start)
+        answered.append(start if got is not None else f"refused {start}")
+        return got
+
+    monkeypatch.setattr("durable.adapters.s3.list_below", spy)
+    entry = Entry(s3_bucket.path("e"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("a", b"1" * 100)
+    assert answered == [".durable/e/", ".durable/e/"]  # as it starts, before the marker
+    # every records listing of the commit was obstore's (no encoding-type: botocore's asks it)
+    lists = [r for r in proxy.requests if r.query.get("prefix") == [".durable/e/"]]
+    assert lists and not [r for r in lists if "encoding-type" in r.query]
+    adapter = _adapter(dict(s3_bucket.storage_options))
+    records = f"{s3_bucket.name}/.durable/e"
+    for key, body in (("attempts/0123abcd.json", b"{}"), ("fragments/x/y", b"12345")):
+        adapter.put(f"{records}/{key}", body)
+    ours = adapter.list(records)
+    theirs = _through_s3fs(adapter, records, monkeypatch)
+    assert set(ours) == set(theirs) == {"commit.json", "attempts/0123abcd.json",
+                                        "fragments/x/y"}
+    for key, info in ours.items():
+        other = theirs[key]
+        assert (info.path, info.size, info.version) == (other.path, other.size, other.version)
+        assert info.modified is not None and other.modified is not None
+        assert abs(info.modified - other.modified) < 1.0
+
+
+@pytest.mark.parametrize("odd", ["folder/", "a//b", "x/./y", "empty"])
+def test_a_records_listing_obstore_would_change_is_asked_of_s3fs(
+        s3_bucket: Bucket, odd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """object_store drops a key's trailing '/' (a console folder `folder/` would list as
+    `folder`), refuses empty and '.' segments, and an empty object is ambiguous once a
+    '/' may have been dropped: each such listing is the one s3fs gives."""
+    import boto3
+
+    options = s3_bucket.storage_options
+    client = boto3.client("s3", endpoint_url=options["endpoint_url"],
+                          aws_access_key_id=options["key"],
+                          aws_secret_access_key=options["secret"], region_name="us-east-1")
+    records = f"{s3_bucket.name}/.durable/e"
+    adapter = _adapter(dict(options))
+    adapter.put(f"{records}/commit.json", b"{}")
+    client.put_object(Bucket=s3_bucket.name, Key=f".durable/e/{odd}",
+                      Body=b"" if odd in ("folder/", "empty") else b"odd")
+    store = light.light_store(adapter, s3_bucket.name)
+    assert store is not None
+    assert light.list_below(store, adapter, s3_bucket.name, ".durable/e/") is None
+    assert adapter.list(records) == _through_s3fs(adapter, records, monkeypatch)

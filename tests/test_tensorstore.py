@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import stat
@@ -261,12 +262,12 @@ def test_write_commits_a_manifest_that_matches_the_bytes(target: Target) -> None
 
 
 def _write_in_block(url: str, data: Any, opts: dict[str, Any], codec: bool,
-                    layout: dict[str, Any]) -> None:
+                    layout: dict[str, Any], **spec: Any) -> None:
     """The array written through `writing` and tensorstore's own write: the commit learns
     of the chunks from a listing."""
     with dts.writing(url, storage_options=opts) as w:
         w.write(w.open(create=True, dtype=data.dtype, shape=data.shape,
-                       checksum_codec=codec, **layout), data)
+                       checksum_codec=codec, spec=spec, **layout), data)
 
 
 @pytest.mark.parametrize("how", ["write", "writing"])
@@ -303,29 +304,34 @@ def test_commit_reads_no_chunk_back(s3_bucket: Bucket, how: str) -> None:
 @pytest.mark.parametrize("slab", [1, 10**9])
 def test_write_puts_exactly_the_bytes_tensorstore_would(
         s3_bucket: Bucket, slab: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`write` across a network encodes the chunks on a memory copy of the array and puts
-    them itself: each object must be the one tensorstore's own write puts, for plain,
-    codec, sharded and partly fill-value arrays, a row of chunks (or shards) at a time
-    or all at once."""
+    """`write` across a network puts the chunks itself (encoded on a memory copy of the
+    array), or has tensorstore put them and records them unlisted (fixed-size codeword
+    chunks): each object must be the one tensorstore's own write puts when it stores
+    every chunk, for plain, codec, sharded and partly fill-value arrays, a row of chunks
+    (or shards) at a time or all at once."""
     import durable.tensorstore as module
 
     monkeypatch.setattr(module, "_SLAB_BYTES", slab)
+    monkeypatch.setattr(module, "_WRITES_AT_ONCE", min(slab, 5))
     layouts = {"plain": {"chunk_layout": ts.ChunkLayout(chunk_shape=[7, 10])},
                "sharded": {"chunk_layout": ts.ChunkLayout(write_chunk_shape=[14, 30],
                                                           read_chunk_shape=[7, 10])}}
     data = values(40)
-    data[7:21, :] = 0  # whole chunks of fill value: stored by neither
+    data[7:21, :] = 0  # whole chunks of fill value: `write` stores them too
     fs = s3_bucket.filesystem()
     for name, layout in layouts.items():
         for codec in (True, False):
             ours, theirs = s3_bucket.path(f"{name}-{codec}-d"), s3_bucket.path(f"{name}-{codec}-t")
             dts.write(ours, data, storage_options=s3_bucket.storage_options,
                       checksum_codec=codec, **layout)
-            _write_in_block(theirs, data, s3_bucket.storage_options, codec, layout)
+            _write_in_block(theirs, data, s3_bucket.storage_options, codec, layout,
+                            store_data_equal_to_fill_value=True)
             fs.invalidate_cache()
             a = {p[len(ours) - 5:]: fs.cat_file(p) for p in fs.find(ours[5:])}
             b = {p[len(theirs) - 5:]: fs.cat_file(p) for p in fs.find(theirs[5:])}
-            assert a == b and len(a) > 3, (name, codec)
+            assert a == b, (name, codec)
+            # every grid position: 6 x 3 chunks, or 3 x 1 shards, and zarr.json
+            assert len(a) == 1 + (18 if name == "plain" else 3), (name, codec)
             assert (dts.open(ours, storage_options=s3_bucket.storage_options).read().result()
                     == data).all()
             assert Entry(ours, storage_options=s3_bucket.storage_options).verify(deep=True).ok
@@ -453,6 +459,86 @@ def test_crc32c_codec_placement_and_opt_out(tmp_path: Any) -> None:
     assert "crc32c" not in json.dumps(codecs("off", checksum_codec=False))
     # A shard is not a codeword as a whole: read back once at commit, and still right.
     assert Entry(os.path.join(tmp_path, "sharded")).verify(deep=True).ok
+
+
+_BYTES_LE = {"name": "bytes", "configuration": {"endian": "little"}}
+_FIXED = [  # (data type, shape, chunk shape, codecs before crc32c, chunk key encoding)
+    ("float32", [20, 30], [7, 10], [_BYTES_LE], {"name": "default"}),
+    ("bool", [13], [4], [{"name": "bytes"}], {"name": "default"}),
+    ("uint16", [5, 6, 7], [2, 3, 4], [_BYTES_LE], {"name": "v2"}),
+    ("complex128", [9, 4], [4, 4], [{"name": "bytes", "configuration": {"endian": "big"}}],
+     {"name": "default", "configuration": {"separator": "."}}),
+    ("int64", [11, 3], [4, 2], [{"name": "transpose", "configuration": {"order": [1, 0]}},
+                                _BYTES_LE], {"name": "v2", "configuration": {"separator": "/"}}),
+    ("bfloat16", [6, 6], [6, 6], [_BYTES_LE], {"name": "default"}),
+    ("float64", [], [], [_BYTES_LE], {"name": "default"}),
+]
+
+
+@pytest.mark.parametrize("dtype, shape, chunk, codecs, encoding", _FIXED)
+def test_every_chunk_names_the_objects_tensorstore_stores(
+        dtype: str, shape: list[int], chunk: list[int], codecs: list[Any],
+        encoding: dict[str, Any]) -> None:
+    """`write` records fixed-size chunks without listing them: the keys and the size
+    `every_chunk` predicts must be the objects tensorstore stores when it stores every
+    chunk, edge chunks included (zarr v3 stores them whole)."""
+    from durable._tensorstore_codecs import every_chunk
+
+    meta = {"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": dtype,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
+            "chunk_key_encoding": encoding,
+            "fill_value": {"bool": False, "complex128": [0, 0]}.get(dtype, 0),
+            "codecs": [*codecs, {"name": "crc32c"}]}
+    array = ts.open({"driver": "zarr3", "kvstore": {"driver": "memory"}, "metadata": meta,
+                     "store_data_equal_to_fill_value": True}, create=True,
+                    context=ts.Context()).result()
+    array.write(np.zeros(shape, dtype=array.dtype.numpy_dtype)).result()
+    assert array.kvstore is not None
+    stored = {k.decode(): len(array.kvstore.read(k).result().value)
+              for k in array.kvstore.list().result() if k != b"zarr.json"}
+    found = every_chunk("", json.loads(array.kvstore.read("zarr.json").result().value))
+    assert found is not None
+    keys, _, size = found
+    assert {k: size for k, _ in keys} == stored and len(keys) == len(stored) >= 1
+
+
+@pytest.mark.parametrize("case", [1, 3, 4])
+def test_write_commits_unlisted_chunks_of_every_fixed_layout(
+        s3_bucket: Bucket, case: int) -> None:
+    """The same layouts written by `write` to S3: recorded, not listed, and the manifest
+    matches the bytes stored (deep verification reads every one)."""
+    dtype, shape, chunk, codecs, encoding = _FIXED[case]
+    data = (np.arange(math.prod(shape)) % 3).reshape(shape).astype(
+        ts.dtype(dtype).numpy_dtype)
+    meta = {"chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
+            "chunk_key_encoding": encoding, "codecs": codecs}
+    url = s3_bucket.path("arr")
+    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+        opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        entry = dts.write(url, data, storage_options=opts, spec={"metadata": meta})
+        assert not [r for r in proxy.requests if r.query.get("prefix") == ["arr/"]]
+        assert len(proxy.requests) > 3  # the write went through the proxy
+    assert dts.entry_for(url, s3_bucket.storage_options).verify(deep=True).ok
+    assert entry.url == url
+    got = dts.open(url, storage_options=s3_bucket.storage_options).read().result()
+    assert (got == data).all()
+
+
+@pytest.mark.parametrize("codecs", [
+    [_BYTES_LE, {"name": "zstd"}, {"name": "crc32c"}],  # compressed: sizes vary
+    [_BYTES_LE],  # no codeword: its CRC32C must be computed
+    [{"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [2], "codecs": [_BYTES_LE, {"name": "crc32c"}],
+        "index_codecs": [_BYTES_LE, {"name": "crc32c"}]}}],
+])
+def test_every_chunk_refuses_chunks_of_varying_size(codecs: list[Any]) -> None:
+    from durable._tensorstore_codecs import every_chunk
+
+    meta = {"zarr_format": 3, "node_type": "array", "shape": [8], "data_type": "float32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4]}},
+            "codecs": codecs}
+    assert every_chunk("", meta) is None
+    assert every_chunk("", {**meta, "codecs": [_BYTES_LE, {"name": "crc32c"}]}) is not None
 
 
 def test_tracked_writes_and_transactions_land_before_the_commit(target: Target) -> None:
@@ -684,14 +770,18 @@ def test_a_writer_killed_mid_stream_leaves_an_entry_open_refuses(s3_bucket: Buck
     assert set(np.unique(plain.read().result())) == {0.0, 7.0}
 
 
+@pytest.mark.parametrize("codec", [True, False])  # tensorstore's puts; `_stream`'s puts
 def test_a_streamed_write_that_fails_leaves_no_chunk_behind(
-        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, codec: bool) -> None:
     """One chunk's PUT is refused while others are still on their way: the write fails,
     and every put it started has landed or failed before the fresh entry is removed, so
-    none lands after the cleanup as an object outside any attempt."""
+    none lands after the cleanup as an object outside any attempt. (tensorstore's write
+    future fails at the first error, its other puts still on their way: `write` waits for
+    each chunk's own.)"""
     import durable.tensorstore as module
 
     monkeypatch.setattr(module, "_SLAB_BYTES", 1)  # a row of chunks at a time
+    monkeypatch.setattr(module, "_WRITES_AT_ONCE", 3)  # tensorstore's: 3 chunks at a time
     url = s3_bucket.path("arr")
     with FaultProxy(upstream=s3_bucket.server.url) as proxy:
         proxy.inject("error", status=403, forward=False, method="PUT",
@@ -699,7 +789,9 @@ def test_a_streamed_write_that_fails_leaves_no_chunk_behind(
         proxy.inject("delay", seconds=0.5, method="PUT", path=r"/arr/c/(0/[12]|[1-9]/\d)$")
         opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
         with pytest.raises(ValueError, match=r"PERMISSION_DENIED"):
-            dts.write(url, values(40), chunks=[10, 10], storage_options=opts)
+            dts.write(url, values(40), chunks=[10, 10], storage_options=opts,
+                      checksum_codec=codec)
+        assert proxy.count(method="PUT", path=r"/arr/c/\d+/\d+$") >= 3
     fs = s3_bucket.filesystem()
     fs.invalidate_cache()
     assert fs.find(url[5:]) == []
@@ -819,13 +911,33 @@ def test_a_chunk_deleted_after_the_open_is_an_error_never_fill_values(target: Ta
     assert array[10:20, 0:10].read().result().tolist() == values(20)[10:20, 0:10].tolist()
 
 
-def test_chunks_left_out_as_fill_values_still_read_as_fill_values(target: Target) -> None:
-    """tensorstore stores no chunk that is all fill value: such an array's missing chunks
-    are the fill value, as zarr means it. A caller's own fill_missing_data_reads is kept."""
+def test_write_stores_a_chunk_of_fill_values_so_its_loss_is_never_fill_values(
+        target: Target) -> None:
+    """tensorstore leaves a chunk that is all fill value out, and a reader cannot tell it
+    from one lost (incident 001). `write` stores every chunk: the commit holds every grid
+    position, so the read of a chunk of zeros deleted later is an error naming it."""
     url = target.url("arr")
     data = values(20)
     data[0:10, 0:10] = 0
     dts.write(url, data, chunks=[10, 10], storage_options=target.options)
+    assert "c/0/0" in target.raw_keys("arr")
+    array = dts.open(url, storage_options=target.options)
+    assert array.read().result().tolist() == data.tolist()
+    target.raw_delete("arr/c/0/0")
+    with pytest.raises(ValueError, match=r"NOT_FOUND: chunk \{0, 0\}.*is missing"):
+        array[0:10, 0:10].read().result()
+
+
+def test_chunks_left_out_as_fill_values_still_read_as_fill_values(target: Target) -> None:
+    """tensorstore stores no chunk that is all fill value (`write` does, unless told not
+    to): such an array's missing chunks are the fill value, as zarr means it. A caller's
+    own fill_missing_data_reads is kept."""
+    url = target.url("arr")
+    data = values(20)
+    data[0:10, 0:10] = 0
+    dts.write(url, data, chunks=[10, 10], storage_options=target.options,
+              spec={"store_data_equal_to_fill_value": False})
+    assert "c/0/0" not in target.raw_keys("arr")
     assert dts.open(url, storage_options=target.options).read().result().tolist() == \
         data.tolist()
     whole = target.url("whole")
@@ -862,9 +974,12 @@ def test_a_chunk_beyond_the_bounds_does_not_stand_in_for_one_left_out(  # on gen
 
 def test_metadata_changed_after_the_commit_with_its_size_is_refused(target: Target) -> None:
     """Another tool rewrites zarr.json after the commit, same size (fill_value 0 -> 7): the
-    listing matches the manifest, and plain tensorstore reads the zeros written as 7s."""
+    listing matches the manifest, and plain tensorstore reads the zeros written as 7s
+    (the zeros are left out as fill value, which `write` stores unless told not to)."""
     url = target.url("arr")
-    dts.write(url, np.zeros(4, dtype="int32"), chunks=[2], storage_options=target.options)
+    dts.write(url, np.zeros(4, dtype="int32"), chunks=[2], storage_options=target.options,
+              spec={"store_data_equal_to_fill_value": False})
+    assert set(target.raw_keys("arr")) == {"zarr.json"}
     body = target.raw_read("arr/zarr.json")
     changed = body.replace(b'"fill_value":0', b'"fill_value":7')
     assert len(changed) == len(body) and changed != body
@@ -928,7 +1043,8 @@ def test_every_open_lists_where_reads_are_not_all_checked(tmp_path: Any) -> None
     sparse = os.path.join(tmp_path, "sparse")
     data = values(20)
     data[:10, :10] = 0
-    dts.write(sparse, data, chunks=[10, 10])
+    dts.write(sparse, data, chunks=[10, 10], spec={"store_data_equal_to_fill_value": False})
+    assert not os.path.exists(os.path.join(sparse, "c", "0", "0"))  # left out
     for url, chunk in ((bare, "c/1/1"), (sparse, "c/1/1")):
         dts.open(url).read().result()
         os.unlink(os.path.join(url, *chunk.split("/")))

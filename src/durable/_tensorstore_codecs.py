@@ -10,6 +10,7 @@ index alone (one small ranged read) by combining the parts' residues. Private to
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -22,8 +23,8 @@ from durable._checksum import crc32c, crc_to_hex
 from durable._errors import IntegrityError
 from durable.adapters.base import Adapter, ObjectInfo
 
-__all__ = ["CRC32C_RESIDUE", "array_metadata", "checksummed", "chunk_pattern", "is_codeword",
-           "shard_crc", "shard_layout"]
+__all__ = ["CRC32C_RESIDUE", "array_metadata", "checksummed", "chunk_pattern", "every_chunk",
+           "is_codeword", "shard_crc", "shard_layout"]
 
 #: CRC-32C of any bytes followed by their own CRC-32C, little-endian (the zarr v3 ``crc32c``
 #: codec's layout): the whole-object checksum of every chunk whose last codec is crc32c.
@@ -104,6 +105,47 @@ def chunk_pattern(prefix: str, meta: dict[str, Any]) -> re.Pattern[str] | None:
     else:
         return None
     return re.compile(re.escape(prefix) + body)
+
+
+# Data types whose every value takes the same bytes, and how many: under the ``bytes`` codec
+# a chunk of them is exactly (values per chunk) x this, whatever the values.
+_ITEM_BYTES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2,
+               "bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8,
+               "float64": 8, "complex64": 8, "complex128": 16}
+
+
+def every_chunk(prefix: str, meta: dict[str, Any],
+                ) -> tuple[list[tuple[str, tuple[int, ...]]], list[int], int] | None:
+    """Every chunk position of the array at ``prefix`` (its key and grid index), the chunk
+    shape, and the size every chunk has once encoded, where the codecs make that size
+    fixed: a regular grid, a fixed-size data type, the ``bytes`` codec (after at most a
+    ``transpose``) and then ``crc32c`` alone. zarr v3 stores an edge chunk whole, so every
+    chunk is that size. None for any other array (compressed or sharded chunks vary)."""
+    names = [_codec_name(c) for c in meta.get("codecs") or []]
+    if names and names[0] == "transpose":
+        names = names[1:]
+    item = _ITEM_BYTES.get(meta.get("data_type"))  # type: ignore[arg-type]
+    grid = meta.get("chunk_grid")
+    encoding = meta.get("chunk_key_encoding") or {"name": "default"}
+    if names != ["bytes", "crc32c"] or item is None or not isinstance(grid, dict) or \
+            grid.get("name") != "regular" or not isinstance(encoding, dict):
+        return None
+    try:
+        chunk = [int(c) for c in grid["configuration"]["chunk_shape"]]
+        counts = [-(-int(n) // c) for n, c in zip(meta["shape"], chunk, strict=True)]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    sep = (encoding.get("configuration") or {}).get("separator")
+    kind = encoding.get("name")
+    if kind == "default":
+        head, sep = ["c"], sep or "/"
+    elif kind == "v2" and counts:
+        head, sep = [], sep or "."
+    else:
+        return None  # a rank-0 v2 key, or an encoding not known here
+    chunks = [(prefix + sep.join([*head, *map(str, at)]), at)
+              for at in itertools.product(*(range(n) for n in counts))]
+    return chunks, chunk, math.prod(chunk) * item + 4
 
 
 _EMPTY = 2**64 - 1  # an absent inner chunk's offset and length in a shard index

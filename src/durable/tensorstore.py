@@ -27,10 +27,13 @@ Cloudflare R2, whose ETags tensorstore cannot use, re-opening died with the opaq
   unquoted one, a GCS emulator's generation 0), `open` reads with a cache private to the
   handle and no conditional request, and writes work while they need none.
 
-`write` across a network (S3, GCS) encodes the chunks itself, on a memory copy of the
-array, a few rows of chunks at a time, and puts each through tensorstore's client while the
-next are encoded: the same objects tensorstore's write puts, each recorded as it goes, so
-its commit lists no chunk (`EntryWriter.commit_from_records`) and reads none back.
+`write` stores every chunk, all fill value or not (so a chunk lost later is an error when
+read, never fill values). Across a network (S3, GCS) its commit lists no chunk
+(`EntryWriter.commit_from_records`) and reads none back: chunks of a size the codecs fix
+(the default ones) are put by tensorstore's own write and recorded from the metadata;
+others are encoded by the writer on a memory copy of the array, a few rows of chunks at a
+time, and put through tensorstore's client while the next are encoded, each recorded as it
+goes. Both put the very objects tensorstore's write puts.
 
 Checksums: new arrays get the zarr v3 ``crc32c`` codec as their last codec (inside the
 shards' chunks for sharded arrays), so tensorstore and zarr-python check every chunk on
@@ -57,8 +60,8 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -73,6 +76,7 @@ from durable._tensorstore_codecs import (
     array_metadata,
     checksummed,
     chunk_pattern,
+    every_chunk,
     is_codeword,
     shard_crc,
     shard_layout,
@@ -102,6 +106,7 @@ log = logging.getLogger(__name__)
 
 _SHARD_READERS = 8  # shard indexes read at once at commit (small ranged reads)
 _SLAB_BYTES = 4 * 1024 * 1024  # values encoded at a time by `write` across a network
+_WRITES_AT_ONCE = 1024  # chunk writes `write` has started and not yet waited for
 _MAX_METADATA = 64 * 1024 * 1024  # a zarr.json is read whole at commit
 _LOCK_SUFFIX = ".__lock"  # tensorstore's file driver writes KEY.__lock, then renames it
 # Options that change what a create means (an existing array replaced or opened, metadata
@@ -257,12 +262,7 @@ class TensorStoreWriter:
         mem, store = draft.kvstore, array.kvstore
         in_flight: list[Any] = []
         sent: list[Any] = []
-        # The held zarr.json goes beside the first chunks, not before them: the entry was
-        # found empty (or cleared) at the start, so only a writer that raced past the
-        # start can be there to collide with, and the commit waits for the answer.
-        metadata = ThreadPoolExecutor(1) if self._held else None
-        created = metadata.submit(self._put_held) if metadata is not None else None
-        try:
+        with self._beside_metadata(lambda: [*in_flight, *sent]):
             for start in range(0, values.shape[0], step):
                 stop = min(start + step, values.shape[0])  # tensorstore does not clip
                 draft[start:stop].write(values[start:stop]).result()
@@ -282,20 +282,70 @@ class TensorStoreWriter:
                 in_flight, sent = sent, []
             for future in in_flight:
                 future.result()
+        self._streamed = True
+        return True
+
+    def _direct(self, array: ts.TensorStore, values: Any) -> bool:
+        """Write ``values`` into ``array`` (created here, at the entry's root) through
+        tensorstore's own write, and record every chunk without reading or listing it, if
+        the array's chunks are all known in advance: every grid position stored (no chunk
+        left out as fill value) and each chunk of a size its codecs fix, ending with its
+        own CRC32C (`every_chunk`). Whether it could (False: `_stream` or the usual write).
+
+        tensorstore puts the very objects it would put without durable, encoding and
+        uploading at once; the commit lists the records, not the chunks. One write per
+        chunk, so that each put is waited for: a failed write's future resolves at its
+        first error, and the puts still on their way would land after the cleanup. A
+        chunk the prediction got wrong cannot pass for data: its listed size differs from
+        the manifest (open and verify fail), and its codec fails on read.
+        """
+        data = self._created.get("zarr.json")
+        known = None if data is None else array_metadata(data[0])
+        fixed = None if known is None else every_chunk("", known)
+        if fixed is None or not array.spec().to_json().get("store_data_equal_to_fill_value"):
+            return False  # a chunk all fill value would be left out: keys not known
+        chunks, shape, size = fixed
+        started: deque[Any] = deque()  # the chunk writes not yet waited for
+        with self._beside_metadata(lambda: started):
+            for _, at in chunks:
+                # tensorstore does not clip a region to the domain: the edge's is cut here
+                where = tuple(slice(i * n, min((i + 1) * n, end)) for i, n, end in
+                              zip(at, shape, values.shape, strict=True))
+                started.append(array[where].write(values[where]) if where else
+                               array.write(values))
+                if len(started) >= _WRITES_AT_ONCE:
+                    started.popleft().result()  # a bounded number of futures held
+            while started:
+                started[0].result()  # WriteFutures: once the chunk's PUT has answered
+                started.popleft()
+        for key, _ in chunks:
+            self._writer.record(key, size, CRC32C_RESIDUE)
+            self._sent.add(key)
+        self._streamed = True
+        return True
+
+    @contextlib.contextmanager
+    def _beside_metadata(self, pending: Callable[[], Iterable[Any]]) -> Iterator[None]:
+        """Put the held zarr.json beside the chunks the block puts, not before them (the
+        entry was found empty, or cleared, at the start: only a writer that raced past
+        the start can be there to collide with), and wait for its answer at the end.
+        On any failure, every put started (``pending()``, zarr.json's) has landed or
+        failed before this raises: one landing after the block's cleanup would be left in
+        the entry, outside any attempt."""
+        metadata = ThreadPoolExecutor(1) if self._held else None
+        created = metadata.submit(self._put_held) if metadata is not None else None
+        try:
+            yield
             if created is not None:
-                created.result()
+                created.result()  # the commit waits for zarr.json's answer too
         except BaseException:
-            # Every put started has landed or failed before the block's cleanup runs: one
-            # landing after it would be left in the entry, outside any attempt.
-            for future in [*in_flight, *sent, *([created] if created else [])]:
+            for future in [*pending(), *([created] if created else [])]:
                 with contextlib.suppress(Exception):
                     future.result()
             raise
         finally:
             if metadata is not None:
                 metadata.shutdown()
-        self._streamed = True
-        return True
 
     def _put_held(self) -> None:
         """Put the held zarr.json, create-only and recorded: from `_stream` beside its
@@ -440,12 +490,23 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
 def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | None = None,
           storage_options: dict[str, Any] | None = None, context: ts.Context | None = None,
           overwrite: bool = False, checksum_codec: bool = True, **kwargs: Any) -> Entry:
-    """Create the array ``data`` (NumPy-like) at ``url`` and commit it; returns the Entry."""
+    """Create the array ``data`` (NumPy-like) at ``url`` and commit it; returns the Entry.
+
+    Every chunk is stored, those all fill value too (tensorstore leaves them out unless
+    told otherwise), so the commit holds every grid position and `open` reads the array
+    with ``fill_missing_data_reads`` off: a chunk lost later is an error, never fill
+    values. ``spec={"store_data_equal_to_fill_value": False}`` restores tensorstore's
+    default. ``kwargs`` go to `TensorStoreWriter.open`.
+    """
     import numpy as np
 
     values = np.asarray(data)
     if chunks is not None:
         kwargs["chunk_layout"] = ts.ChunkLayout(chunk_shape=list(chunks))
+    # Every chunk is stored, all fill value or not: the commit then holds every grid
+    # position, so a chunk missing later reads as an error, never as fill values
+    # (incident 001), and on a network the chunks' keys are known without a listing.
+    kwargs["spec"] = {"store_data_equal_to_fill_value": True, **(kwargs.get("spec") or {})}
     with writing(url, storage_options=storage_options, context=context,
                  overwrite=overwrite) as w:
         remote = w._place.endpoint is not None
@@ -454,7 +515,7 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
                        checksum_codec=checksum_codec, **kwargs)
         # Across a network, chunks are encoded here and put by this writer, recorded as
         # they go: the commit lists no chunk (and reads none back without the codec).
-        if not (remote and w._stream(array, values)):
+        if not (remote and (w._direct(array, values) or w._stream(array, values))):
             w._put_held()
             w.write(array, values)
     return w.entry

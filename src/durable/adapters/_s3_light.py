@@ -1,5 +1,5 @@
-"""durable's own small PUTs on S3 (attempt records, markers) through obstore: a seventh
-of the CPU of s3fs, and the same request.
+"""durable's own small PUTs on S3 (attempt records, markers) and the listings of its
+records directories through obstore: a seventh of the CPU of s3fs, and the same requests.
 
 durable's objects of a commit are a few hundred bytes; each PutObject through s3fs and
 aiobotocore costs 2.5-3 ms of this process's CPU (building, signing and parsing in Python),
@@ -22,6 +22,12 @@ s3fs is used as before:
 - the key parses as an object_store path unchanged (object_store refuses keys with empty or
   ``.`` segments instead of rewriting them; such keys go through s3fs).
 
+A listing goes through obstore only inside a records directory (``.durable``), whose
+keys durable names itself, and is checked before it is used: object_store refuses keys
+with empty, ``.`` or ``..`` segments and drops a key's trailing ``/`` (a console folder
+``d/`` would come back as ``d``), so any listing with such a key, an empty object, or a
+key outside the prefix is asked again through s3fs (`list_below`).
+
 The PUT is the same request: the payload is signed (SigV4, ``x-amz-content-sha256``: the
 store checks the body against it as it checks s3fs's CRC32C header), create-only is
 ``If-None-Match: *``, and a create-only PUT refused because a retry of our own request had
@@ -40,13 +46,14 @@ from urllib.parse import urlsplit
 from fsspec.asyn import sync
 
 from durable.adapters._s3_http import etag
+from durable.adapters.base import ObjectInfo
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
     from durable.adapters.s3 import S3Adapter
 
-__all__ = ["light_store", "put"]
+__all__ = ["light_store", "list_below", "put"]
 
 # obstore also reads AWS_* settings from the environment, and the explicit ones passed here
 # override only their own: any other it would apply (a session token beside explicit keys,
@@ -157,3 +164,28 @@ def put(store: Any, adapter: S3Adapter, bucket: str, key: str, data: bytes,
     except Exception as exc:
         raise OSError(f"{url}: PutObject failed: {type(exc).__name__}: {exc}") from exc
     return etag(result["e_tag"], url)
+
+
+def list_below(store: Any, adapter: S3Adapter, bucket: str, start: str,
+               ) -> dict[str, ObjectInfo] | None:
+    """Every object whose key starts with ``start`` (ending in ``/``), keyed by the rest
+    of its key, as `S3Adapter.list` gives them; None where obstore may not have named
+    every key exactly (use s3fs, which lists again): a key object_store refuses, one that
+    comes back outside ``start`` or twice, or an empty object (a folder ``d/`` and an
+    empty ``d`` look the same once its ``/`` is dropped)."""
+    import obstore
+
+    out: dict[str, ObjectInfo] = {}
+    try:
+        for batch in obstore.list(store, start.rstrip("/")):
+            for meta in batch:
+                key, size = meta["path"], int(meta["size"])
+                rel = key[len(start):] if key.startswith(start) else ""
+                if not rel or rel in out or size == 0:
+                    return None
+                path = f"{bucket}/{key}"
+                out[rel] = ObjectInfo(path, size, etag(meta["e_tag"], adapter.url(path)),
+                                      meta["last_modified"].timestamp())
+    except Exception:
+        return None  # s3fs asks again and says what went wrong, as it always has
+    return out

@@ -3,9 +3,11 @@
 Every request goes through ``fs._call_s3`` on s3fs's event loop, so credentials, endpoints,
 botocore's retry configuration and every other storage option work as they do for s3fs.
 s3fs's caches are never consulted: a listing or stat is always a fresh request (incident 000).
-One exception: `S3Adapter.put` of a small whole object (attempt records, markers) goes through
-obstore where it reaches the store exactly as s3fs does (`_s3_light`): the same PutObject
-for a seventh of the client CPU; anything it cannot map stays on s3fs.
+Two exceptions: `S3Adapter.put` of a small whole object (attempt records, markers) and a
+listing inside a records directory (a commit lists its records twice) go through obstore
+where it reaches the store exactly as s3fs does (`_s3_light`): the same PutObject and
+ListObjectsV2 for a seventh of the client CPU; anything it cannot map, and any listing
+obstore may not have named exactly, stays on (or goes again through) s3fs.
 
 Writes (`_s3_upload`): up to ``part_size`` (8 MiB) one PutObject at commit; beyond it, a
 multipart upload completed only at `commit` and aborted on anything else (s3fs's own file
@@ -59,7 +61,7 @@ from durable.adapters._s3_http import (
     etag,
     failure,
 )
-from durable.adapters._s3_light import light_store
+from durable.adapters._s3_light import light_store, list_below
 from durable.adapters._s3_light import put as light_put
 from durable.adapters._s3_upload import MAX_PART_SIZE, MIN_PART_SIZE, S3AtomicFile, WrittenChecksum
 from durable.adapters.base import (
@@ -150,9 +152,10 @@ class S3Adapter(Adapter):
         self._fast_session: Any = None
         self._light_stores: dict[str, Any] = {}  # bucket -> obstore store or None
 
-    #: Send durable's own small whole-object PUTs (attempt records, markers) through obstore
-    #: where it reaches the store exactly as s3fs does (`_s3_light`): a round trip costs a
-    #: seventh of the client CPU. Off: every request through s3fs.
+    #: Send durable's own small whole-object PUTs (attempt records, markers) and the
+    #: listings of its records directories through obstore where it reaches the store
+    #: exactly as s3fs does (`_s3_light`): a round trip costs a seventh of the client CPU.
+    #: Off: every request through s3fs.
     light_puts: ClassVar[bool] = True
 
     # plumbing -----------------------------------------------------------------------------
@@ -346,6 +349,12 @@ class S3Adapter(Adapter):
         self._parse_timestamps_fast()
         bucket, key = self._split(prefix)
         start = key.rstrip("/") + "/" if key else ""
+        if self.light_puts and RECORDS_DIR in key.split("/"):
+            # durable's own records (a commit lists them twice): through obstore, checked
+            store = light_store(self, bucket)
+            got = None if store is None else list_below(store, self, bucket, start)
+            if got is not None:
+                return dict(sorted(got.items()))
         out: dict[str, ObjectInfo] = {}
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
         while True:
