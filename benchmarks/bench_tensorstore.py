@@ -11,16 +11,17 @@ writes
                   (create-only, kept: not read back). On file: tensorstore's own fsyncs
                   off, the commit fsyncs every file and directory once from a thread pool,
                   the manifest comes from the listing (no chunk read back), then the
-                  marker. On moto: the chunks are encoded on a memory copy of the array, a
-                  few rows of chunks at a time, and put by the writer through
-                  tensorstore's client, each recorded as it goes: the commit lists the
-                  records (not the chunks), then the marker
+                  marker. On moto: tensorstore puts the chunks (one write per chunk),
+                  each recorded from the metadata (every chunk stored, each of a size the
+                  codecs fix): the commit lists the records (not the chunks), then the
+                  marker
 - durable-block:  durable.tensorstore.writing() and tensorstore's own write of the array
                   (what a caller managing its own writes gets): on moto the commit lists
                   the entry for the chunks' sizes
 - durable-nocodec: durable.tensorstore.write with checksum_codec=False: on file the
                   commit reads every chunk back to checksum it; on moto the writer
-                  checksums the bytes it puts
+                  encodes the chunks on a memory copy of the array and checksums the
+                  bytes it puts through tensorstore's client
 reads (each with a fresh Context: nothing cached)
 - ts-read:        ts.open + read of an array plain tensorstore wrote (no crc32c codec)
 - ts-read-same:   ts.open + read of the entry durable wrote, no durable: tensorstore checks
