@@ -948,6 +948,22 @@ def test_chunks_left_out_as_fill_values_still_read_as_fill_values(target: Target
     assert (asked[10:20, 10:20].read().result() == 0).all()
 
 
+def test_whether_every_chunk_is_committed_is_known_per_commit(target: Target) -> None:
+    """Whether the commit holds every chunk (reads then fail on a missing one) is worked
+    out once per commit in a process: the next commit of the same URL, with a chunk left
+    out as fill value, reads that chunk as fill values, not as an error."""
+    url = target.url("arr")
+    dts.write(url, values(20), chunks=[10, 10], storage_options=target.options)
+    assert (dts.open(url, storage_options=target.options).read().result()
+            == values(20)).all()
+    data = values(20)
+    data[0:10, 0:10] = 0
+    dts.write(url, data, chunks=[10, 10], storage_options=target.options, overwrite=True,
+              spec={"store_data_equal_to_fill_value": False})
+    assert "c/0/0" not in target.raw_keys("arr")
+    assert (dts.open(url, storage_options=target.options).read().result() == data).all()
+
+
 @pytest.mark.parametrize("kind", ["file", "memory", "s3"])  # a resize is conditional: not
 def test_a_chunk_beyond_the_bounds_does_not_stand_in_for_one_left_out(  # on generation 0
         kind: str, request: pytest.FixtureRequest, tmp_path: Any,
