@@ -472,6 +472,7 @@ _FIXED = [  # (data type, shape, chunk shape, codecs before crc32c, chunk key en
                                 _BYTES_LE], {"name": "v2", "configuration": {"separator": "/"}}),
     ("bfloat16", [6, 6], [6, 6], [_BYTES_LE], {"name": "default"}),
     ("float64", [], [], [_BYTES_LE], {"name": "default"}),
+    ("int32", [], [], [_BYTES_LE], {"name": "v2"}),
 ]
 
 

@@ -24,7 +24,7 @@ from durable._errors import IntegrityError
 from durable.adapters.base import Adapter, ObjectInfo
 
 __all__ = ["CRC32C_RESIDUE", "array_metadata", "checksummed", "chunk_pattern", "every_chunk",
-           "is_codeword", "shard_crc", "shard_layout"]
+           "grid_counts", "grid_keys", "is_codeword", "shard_crc", "shard_layout"]
 
 #: CRC-32C of any bytes followed by their own CRC-32C, little-endian (the zarr v3 ``crc32c``
 #: codec's layout): the whole-object checksum of every chunk whose last codec is crc32c.
@@ -114,6 +114,40 @@ _ITEM_BYTES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float
                "float64": 8, "complex64": 8, "complex128": 16}
 
 
+def grid_counts(meta: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+    """(chunk shape, chunks along each dimension) of an array on a regular grid; else None."""
+    grid = meta.get("chunk_grid")
+    if not isinstance(grid, dict) or grid.get("name", "regular") != "regular":
+        return None
+    try:
+        chunk = [int(c) for c in grid["configuration"]["chunk_shape"]]
+        return chunk, [-(-int(n) // c) for n, c in zip(meta["shape"], chunk, strict=True)]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def grid_keys(prefix: str, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]] | None:
+    """The key and grid index of every chunk position inside the bounds of the array at
+    ``prefix`` (a regular grid, a chunk key encoding known here); else None."""
+    found = grid_counts(meta)
+    encoding = meta.get("chunk_key_encoding") or {"name": "default"}
+    if found is None or not isinstance(encoding, dict):
+        return None
+    counts = found[1]
+    sep = (encoding.get("configuration") or {}).get("separator")
+    kind = encoding.get("name")
+    if kind == "default":
+        head, sep = ["c"], sep or "/"
+    elif kind == "v2":
+        if not counts:
+            return [(prefix + "0", ())]  # a rank-0 array's one chunk
+        head, sep = [], sep or "."
+    else:
+        return None
+    return [(prefix + sep.join([*head, *map(str, at)]), at)
+            for at in itertools.product(*(range(n) for n in counts))]
+
+
 def every_chunk(prefix: str, meta: dict[str, Any],
                 ) -> tuple[list[tuple[str, tuple[int, ...]]], list[int], int] | None:
     """Every chunk position of the array at ``prefix`` (its key and grid index), the chunk
@@ -125,27 +159,11 @@ def every_chunk(prefix: str, meta: dict[str, Any],
     if names and names[0] == "transpose":
         names = names[1:]
     item = _ITEM_BYTES.get(meta.get("data_type"))  # type: ignore[arg-type]
-    grid = meta.get("chunk_grid")
-    encoding = meta.get("chunk_key_encoding") or {"name": "default"}
-    if names != ["bytes", "crc32c"] or item is None or not isinstance(grid, dict) or \
-            grid.get("name") != "regular" or not isinstance(encoding, dict):
+    found = grid_counts(meta)
+    keys = grid_keys(prefix, meta)
+    if names != ["bytes", "crc32c"] or item is None or found is None or keys is None:
         return None
-    try:
-        chunk = [int(c) for c in grid["configuration"]["chunk_shape"]]
-        counts = [-(-int(n) // c) for n, c in zip(meta["shape"], chunk, strict=True)]
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-    sep = (encoding.get("configuration") or {}).get("separator")
-    kind = encoding.get("name")
-    if kind == "default":
-        head, sep = ["c"], sep or "/"
-    elif kind == "v2" and counts:
-        head, sep = [], sep or "."
-    else:
-        return None  # a rank-0 v2 key, or an encoding not known here
-    chunks = [(prefix + sep.join([*head, *map(str, at)]), at)
-              for at in itertools.product(*(range(n) for n in counts))]
-    return chunks, chunk, math.prod(chunk) * item + 4
+    return keys, found[0], math.prod(found[0]) * item + 4
 
 
 _EMPTY = 2**64 - 1  # an absent inner chunk's offset and length in a shard index

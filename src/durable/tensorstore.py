@@ -77,6 +77,8 @@ from durable._tensorstore_codecs import (
     checksummed,
     chunk_pattern,
     every_chunk,
+    grid_counts,
+    grid_keys,
     is_codeword,
     shard_crc,
     shard_layout,
@@ -117,7 +119,6 @@ _CREATE_ELSEWHERE = ("open", "delete_existing", "assume_metadata", "assume_cache
 # The metadata document of an array, by driver: the one `open` reads and checks itself.
 _METADATA = {"zarr3": "zarr.json", "zarr": ".zarray"}
 _WARNED: set[str] = set()  # endpoints whose unusable ETags a writer was warned about
-_DIGITS = re.compile(r"\d+")  # the grid indices in a chunk key
 
 
 # ------------------------------------------------------------------------------ writing
@@ -715,31 +716,20 @@ def _every_chunk_committed(marker: Marker, key: str, meta: dict[str, Any]) -> bo
     """Whether the commit holds every chunk of the unsharded zarr3 array whose document is
     ``key`` (none was left out as all fill value, none outside what was written)."""
     assert marker.manifest is not None
+    objects = marker.manifest.objects
     codecs = meta.get("codecs")
     if meta.get("node_type") != "array" or not isinstance(codecs, list) or any(
             (c.get("name") if isinstance(c, dict) else c) == "sharding_indexed"
             for c in codecs):
         return False  # in a shard, an inner chunk left out is fill values by its index
-    try:
-        grid = meta["chunk_grid"]["configuration"]["chunk_shape"]
-        counts = [-(-int(n) // int(c)) for n, c in zip(meta["shape"], grid, strict=True)]
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return False
-    prefix = key[:-len("zarr.json")]
-    pattern = chunk_pattern(prefix, meta)
-    if pattern is None:
-        return False
-    # Grid positions, not keys: a chunk left beyond the bounds by a metadata-only shrink
-    # must not stand in for one inside them left out as fill value (its read would then
-    # be NOT_FOUND instead of fill values).
-    held = set()
-    for k in marker.manifest.objects:
-        if pattern.fullmatch(k):
-            at = tuple(int(i) for i in _DIGITS.findall(k, len(prefix)))[-len(counts):] \
-                if counts else ()
-            if all(i < n for i, n in zip(at, counts, strict=True)):
-                held.add(at)
-    return len(held) == math.prod(counts)
+    found = grid_counts(meta)
+    if found is None or math.prod(found[1]) > len(objects):
+        return False  # more positions than objects: some are left out (none listed here)
+    # Grid positions inside the bounds, not keys: a chunk left beyond the bounds by a
+    # metadata-only shrink must not stand in for one inside them left out as fill value
+    # (its read would then be NOT_FOUND instead of fill values).
+    keys = grid_keys(key[:-len("zarr.json")], meta)
+    return keys is not None and all(k in objects for k, _ in keys)
 
 
 def _rewritten(entry: Entry, marker: Marker, after: str | None) -> IncompleteError:
