@@ -315,8 +315,9 @@ class TensorStoreWriter:
                               zip(at, shape, values.shape, strict=True))
                 started.append(array[where].write(values[where]) if where else
                                array.write(values))
-                if len(started) >= _WRITES_AT_ONCE:
-                    started.popleft().result()  # a bounded number of futures held
+                if len(started) >= _WRITES_AT_ONCE:  # a bounded number of futures held
+                    started[0].result()  # still in `started` if this wait is interrupted
+                    started.popleft()
             while started:
                 started[0].result()  # WriteFutures: once the chunk's PUT has answered
                 started.popleft()
@@ -515,8 +516,9 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
         w._hold_metadata = remote
         array = w.open(create=True, dtype=values.dtype, shape=values.shape,
                        checksum_codec=checksum_codec, **kwargs)
-        # Across a network, chunks are encoded here and put by this writer, recorded as
-        # they go: the commit lists no chunk (and reads none back without the codec).
+        # Across a network every chunk is recorded as it is put (by tensorstore where the
+        # codecs fix each chunk's size, else encoded and put here): the commit lists no
+        # chunk (and reads none back without the codec).
         if not (remote and (w._direct(array, values) or w._stream(array, values))):
             w._put_held()
             w.write(array, values)
@@ -724,7 +726,7 @@ def _every_chunk_committed(marker: Marker, key: str, meta: dict[str, Any]) -> bo
         return False  # in a shard, an inner chunk left out is fill values by its index
     found = grid_counts(meta)
     if found is None or math.prod(found[1]) > len(objects):
-        return False  # more positions than objects: some are left out (none listed here)
+        return False  # more grid positions than objects in the manifest: one is missing
     # Grid positions inside the bounds, not keys: a chunk left beyond the bounds by a
     # metadata-only shrink must not stand in for one inside them left out as fill value
     # (its read would then be NOT_FOUND instead of fill values).
