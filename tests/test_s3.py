@@ -262,7 +262,8 @@ def test_create_only_multipart_loses_cleanly(
 
 
 def test_an_endpoint_ignoring_if_none_match_is_declared_not_pretended(
-        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any) -> None:
+        s3_bucket: Bucket, proxy: FaultProxy, fresh_endpoint: dict[str, Any],
+        boto: Any) -> None:
     # A store that ignores If-None-Match, made of moto (which enforces it) by taking the
     # header off every request on its way through the proxy (moto does not check SigV4).
     # The predicate edits the request it is shown and never selects the (inert) fault.
@@ -271,13 +272,11 @@ def test_an_endpoint_ignoring_if_none_match_is_declared_not_pretended(
         return False
 
     proxy.add(faults.delay(0, match=Match(where=strip_if_none_match)))
-    adapter = _adapter(via_proxy)
+    # Probed afresh (`fresh_endpoint`): an earlier test's proxy may have had this port,
+    # and its verdict would be taken for this store's.
+    adapter = _adapter(fresh_endpoint)
     assert "probed" in adapter.capabilities.note
-    try:
-        _check_declared_weaker(s3_bucket, proxy, adapter, boto)
-    finally:
-        # The verdict is kept per endpoint: a later proxy on this port must probe afresh.
-        S3Adapter._create_only_by_endpoint.pop(adapter._endpoint(), None)
+    _check_declared_weaker(s3_bucket, proxy, adapter, boto)
 
 
 def _check_declared_weaker(s3_bucket: Bucket, proxy: FaultProxy, adapter: S3Adapter,
