@@ -99,16 +99,9 @@ def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
     """A fault proxy in front of the moto server, and storage options that go through it;
     the endpoint's per-process create-only probe already paid (by a first commit), so
     what the proxy logs from here is what every later commit sends."""
-    from durable.adapters.s3 import S3Adapter
-
     with FaultProxy(upstream=s3_bucket.server.url) as proxy:
         options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
         with Entry(s3_bucket.path("warm"), storage_options=options).writing() as w:
             w.write_bytes("a", b"a")
         proxy.clear_requests()
         yield proxy, options
-        # The endpoint's verdicts are kept per URL for the process: a later test's proxy
-        # on this port must probe its own store afresh, not inherit this one's.
-        for verdicts in (S3Adapter._create_only_by_endpoint,
-                         S3Adapter._conditional_by_endpoint):
-            verdicts.pop(options["endpoint_url"], None)

@@ -294,6 +294,27 @@ def _check_declared_weaker(s3_bucket: Bucket, proxy: FaultProxy, adapter: S3Adap
         Bucket=s3_bucket.name).get("Contents", []))] == ["k"]  # the probe cleaned up
 
 
+def test_a_stopped_proxy_takes_what_was_probed_of_it_along(s3_bucket: Bucket) -> None:
+    """durable keeps what it probed of an endpoint for the process; a FaultProxy stands for
+    a store only while it runs. The next proxy given the same port, in front of a store
+    that enforces If-None-Match, is probed afresh instead of inheriting "ignores it"."""
+    def strip_if_none_match(request: faults.RequestInfo) -> bool:
+        request.headers.remove("if-none-match")
+        return False
+
+    with FaultProxy(upstream=s3_bucket.server.url) as first:
+        first.add(faults.delay(0, match=Match(where=strip_if_none_match)))
+        port = first.port
+        adapter = _adapter({**s3_bucket.storage_options, "endpoint_url": first.url})
+        adapter.put(f"{s3_bucket.name}/k", b"first", create_only=True)
+        assert adapter.capabilities.create_only is False
+    with FaultProxy(upstream=s3_bucket.server.url, port=port) as second:
+        adapter = _adapter({**s3_bucket.storage_options, "endpoint_url": second.url})
+        assert "probed" in adapter.capabilities.note
+        adapter.put(f"{s3_bucket.name}/k2", b"x", create_only=True)
+        assert adapter.capabilities.create_only is True
+
+
 # --- entries ------------------------------------------------------------------------------
 
 def test_entry_on_s3_commits_verifies_and_catches_corruption(

@@ -1195,6 +1195,24 @@ def test_unusable_etags_give_durables_error_never_the_opaque_one(
         assert ("nothing can be read" in message) == (style != "unquoted")
 
 
+def test_a_stopped_proxy_takes_its_etag_verdict_along(s3_bucket: Bucket) -> None:
+    """The ETag verdict is kept per endpoint for the process: the next proxy given the same
+    port, in front of a store with usable ETags, is probed afresh, not refused."""
+    url = s3_bucket.path("arr")
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)  # straight to moto
+    with FaultProxy(upstream=s3_bucket.server.url) as first:
+        first.add(faults.rewrite_etag("weak"))
+        port = first.port
+        with pytest.raises(dts.UnusableETagError):
+            dts.open(url, storage_options={**s3_bucket.storage_options,
+                                           "endpoint_url": first.url})
+    with FaultProxy(upstream=s3_bucket.server.url, port=port) as second:
+        got = dts.open(url, storage_options={**s3_bucket.storage_options,
+                                             "endpoint_url": second.url},
+                       on_unusable_etags="error")
+        assert (got.read().result() == 1).all()
+
+
 def test_unquoted_etags_read_through_durable_with_a_private_cache(
         s3_bucket: Bucket, proxy: FaultProxy) -> None:
     """Some gateways strip the quotes: durable's S3 adapter re-quotes, and tensorstore reads

@@ -361,6 +361,14 @@ _PROBES: dict[tuple[str, str], Probe] = {}
 _PROBE_LOCK = threading.Lock()
 
 
+def forget_endpoint(endpoint: str) -> None:
+    """Drop the ETag verdict of ``endpoint``: the next use probes again (a store replaced at
+    the same URL, as a test proxy's port reused by the next proxy)."""
+    with _PROBE_LOCK:
+        for key in [k for k in _PROBES if k[1].rstrip("/") == endpoint.rstrip("/")]:
+            del _PROBES[key]
+
+
 def _version_text(driver: str, generation: bytes) -> str:
     body = generation[1:]  # tensorstore prefixes a flags byte
     if driver == "gcs" and len(body) == 8:

@@ -175,6 +175,15 @@ class S3Adapter(Adapter):
         sync(self.fs.loop, self.fs.set_session)
         return str(self.fs.s3.meta.endpoint_url)
 
+    @classmethod
+    def forget_endpoint(cls, endpoint: str) -> None:
+        """Drop what was probed of ``endpoint`` (create-only, conditional writes): the next
+        use probes again. For a store replaced at the same URL (a test proxy's port,
+        reused by the next proxy in front of another store)."""
+        with cls._probe_lock:
+            for verdicts in (cls._create_only_by_endpoint, cls._conditional_by_endpoint):
+                verdicts.pop(endpoint.rstrip("/"), None)
+
     # endpoint probes ----------------------------------------------------------------------
     def _probed(self, verdicts: dict[str, bool], path: str,
                 probe: Callable[[str], bool]) -> bool:

@@ -7,6 +7,7 @@ import io
 import re
 import socket
 import socketserver
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -94,9 +95,14 @@ class FaultProxy:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving, once durable's background work through this proxy is done; and
+        forget what durable probed of this proxy's URL (create-only, conditional writes,
+        tensorstore's ETags), which it keeps per endpoint for the process: the next proxy
+        given this port stands in front of another store."""
         server, thread = self._server, self._thread
         if server is None:
             return
+        url = self.url
         # durable's housekeeping still under way through this proxy (a commit's removal of
         # its attempt record) reaches the store, not a closed port.
         with contextlib.suppress(TimeoutError):
@@ -119,6 +125,7 @@ class FaultProxy:
             t.join(max(0.0, deadline - time.monotonic()))
         self._server = None
         self._thread = None
+        _forget_verdicts(url)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -262,3 +269,16 @@ class FaultProxy:
                 client.close()
             with self._lock:
                 self._threads.discard(me)
+
+
+def _forget_verdicts(url: str) -> None:
+    """What durable probed of the store behind ``url`` and keeps per endpoint for the process
+    (create-only and conditional writes on S3, tensorstore's ETags): the next proxy given
+    this port stands in front of another store, with its own faults. Only modules already
+    imported are asked (the proxy needs none of the extras)."""
+    s3 = sys.modules.get("durable.adapters.s3")
+    if s3 is not None:
+        s3.S3Adapter.forget_endpoint(url)
+    kv = sys.modules.get("durable._tensorstore_kv")
+    if kv is not None:
+        kv.forget_endpoint(url)
