@@ -91,19 +91,30 @@ def is_codeword(meta: dict[str, Any]) -> bool:
     return bool(meta["codecs"]) and _codec_name(meta["codecs"][-1]) == "crc32c"
 
 
-def chunk_pattern(prefix: str, meta: dict[str, Any]) -> re.Pattern[str] | None:
-    """The keys of the chunks (shards, for a sharded array) of the array at ``prefix``."""
-    rank = len(meta.get("shape") or [])
+def _key_encoding(meta: dict[str, Any]) -> tuple[str, str] | None:
+    """(``default`` or ``v2``, its separator) of an array's chunk keys; None if unknown."""
     encoding = meta.get("chunk_key_encoding") or {"name": "default"}
     sep = (encoding.get("configuration") or {}).get("separator") if isinstance(
         encoding, dict) else None
     kind = _codec_name(encoding)
     if kind == "default":
-        body = "c" + (re.escape(sep or "/") + r"\d+") * rank
-    elif kind == "v2":
-        body = re.escape(sep or ".").join([r"\d+"] * rank) if rank else "0"
-    else:
+        return kind, sep or "/"
+    if kind == "v2":
+        return kind, sep or "."
+    return None
+
+
+def chunk_pattern(prefix: str, meta: dict[str, Any]) -> re.Pattern[str] | None:
+    """The keys of the chunks (shards, for a sharded array) of the array at ``prefix``."""
+    rank = len(meta.get("shape") or [])
+    known = _key_encoding(meta)
+    if known is None:
         return None
+    kind, sep = known
+    if kind == "default":
+        body = "c" + (re.escape(sep) + r"\d+") * rank
+    else:
+        body = re.escape(sep).join([r"\d+"] * rank) if rank else "0"
     return re.compile(re.escape(prefix) + body)
 
 
@@ -129,21 +140,13 @@ def grid_counts(meta: dict[str, Any]) -> tuple[list[int], list[int]] | None:
 def grid_keys(prefix: str, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]] | None:
     """The key and grid index of every chunk position inside the bounds of the array at
     ``prefix`` (a regular grid, a chunk key encoding known here); else None."""
-    found = grid_counts(meta)
-    encoding = meta.get("chunk_key_encoding") or {"name": "default"}
-    if found is None or not isinstance(encoding, dict):
+    found, known = grid_counts(meta), _key_encoding(meta)
+    if found is None or known is None:
         return None
-    counts = found[1]
-    sep = (encoding.get("configuration") or {}).get("separator")
-    kind = encoding.get("name")
-    if kind == "default":
-        head, sep = ["c"], sep or "/"
-    elif kind == "v2":
-        if not counts:
-            return [(prefix + "0", ())]  # a rank-0 array's one chunk
-        head, sep = [], sep or "."
-    else:
-        return None
+    counts, (kind, sep) = found[1], known
+    if kind == "v2" and not counts:
+        return [(prefix + "0", ())]  # a rank-0 array's one chunk
+    head = ["c"] if kind == "default" else []
     return [(prefix + sep.join([*head, *map(str, at)]), at)
             for at in itertools.product(*(range(n) for n in counts))]
 
