@@ -307,10 +307,42 @@ def test_status_incomplete(place: Place, make: str, reason: str) -> None:
     assert table.exit_code == 3 and "INCOMPLETE" in table.stdout
 
 
+@pytest.mark.parametrize("member", ["good.zarr/c/0/1", "good.zarr/c", "good.zarr/zarr.json"])
+def test_status_of_a_path_inside_an_entry_is_that_entrys(place: Place, member: str) -> None:
+    """An object or folder of a committed entry has no records of its own: its status is
+    the entry's (not "data present but no commit marker"), and so is its exit code."""
+    entry = write_entry(place.url("good.zarr"), GOOD)
+    result = run("status", place.url(*member.split("/")), "--json")
+    assert result.exit_code == 0
+    doc = as_json(result)
+    assert (doc["url"], doc["entry"], doc["state"]) == (url_of(place, member), entry.url,
+                                                        "COMPLETE")
+    assert doc["reason"].startswith(f"part of the entry {entry.url}, which is COMPLETE")
+    assert doc["marker"]["objects"] == len(GOOD)
+    table = run("status", place.url(*member.split("/")))
+    assert table.exit_code == 0 and f"entry         {entry.url}" in table.stdout
+    # Once the entry has lost data, so has the path inside it.
+    place.remove_tree("good.zarr/c")
+    lost = run("status", place.url("good.zarr", "zarr.json"), "--json")
+    assert lost.exit_code == 3 and "data gone" in as_json(lost)["reason"]
+
+
+def test_status_of_an_object_added_inside_an_entry_is_not_the_entrys(place: Place) -> None:
+    entry = write_entry(place.url("good.zarr"), GOOD)
+    place.write("good.zarr/c/9/9", b"added later")
+    result = run("status", place.url("good.zarr", "c", "9", "9"), "--json")
+    assert result.exit_code == 3
+    doc = as_json(result)
+    assert (doc["entry"], doc["state"]) == (entry.url, "INCOMPLETE")
+    assert doc["reason"] == (f"inside the entry {entry.url} but not in its manifest: not "
+                             "part of what it committed")
+
+
 def test_status_absent(place: Place) -> None:
     result = run("status", place.url("nothing"), "--json")
     assert result.exit_code == 4
-    assert as_json(result) == {"url": url_of(place, "nothing"), "state": "ABSENT",
+    assert as_json(result) == {"url": url_of(place, "nothing"),
+                               "entry": url_of(place, "nothing"), "state": "ABSENT",
                                "reason": "no marker and no data", "marker": None}
     assert run("status", place.url("nothing")).exit_code == 4
 

@@ -659,26 +659,40 @@ def test_a_lease_that_cannot_be_judged_is_taken_for_alive(small: LocalStore,
             "unreadable": "cannot be read"}[case] in why
 
 
-@pytest.mark.parametrize("race", ["committed", "resumed"])
+@pytest.mark.parametrize("race", ["committed", "resumed", "marker a symlink",
+                                  "marker a directory"])
 def test_apply_clean_checks_again_before_removing(small: LocalStore, race: str) -> None:
-    """Between plan and removal a writer commits the entry, or starts on it again."""
-    from durable import Entry, State
+    """Between plan and removal a writer commits the entry, or starts on it again; or the
+    marker's path gets something that is no file (a symlink to a marker elsewhere, a
+    directory): not a marker to trust, but nothing to remove the entry on either."""
+    from durable import Entry, MarkerError, State
     from durable._ops import apply_clean, plan_clean
 
     sv = survey_of(small)
     report = plan_clean(sv, older_than=3600, lease_wait=10, sleep=Heartbeat(small))
     assert "dead.zarr" in {i.url.rpartition("/")[2] for i in report.items}
     dead = Entry(small.url("dead.zarr"))
+    marker = os.path.join(small.root, ".durable", "dead.zarr", "commit.json")
     if race == "committed":
         dead.mark_complete(force=True)  # what a writer's commit leaves: data and marker
-    else:
+    elif race == "resumed":
         small.write(".durable/dead.zarr/attempts/0123456789abcdef.json", b"{}")
+    elif race == "marker a symlink":
+        small.write("elsewhere.json", b"{}")
+        os.symlink(os.path.join(small.root, "elsewhere.json"), marker)
+    else:
+        os.mkdir(marker)
     before = small.snapshot()
     apply_clean(sv, report)
     status = {i.url.rpartition("/")[2]: (i.status, i.detail) for i in report.items}
-    assert status["dead.zarr"] == ("skipped", "committed since the plan (it has a marker "
-                                   "now)" if race == "committed" else
+    assert status["dead.zarr"] == ("skipped", "committed since the plan (something is at its "
+                                   "marker's path now)" if race != "resumed" else
                                    "its records changed since the plan (a writer at work?)")
+    if race.startswith("marker a"):
+        # And the entry's own state names what is there instead of calling it unmarked.
+        with pytest.raises(MarkerError, match=f"commit.json is {race[len('marker '):]}, "
+                                              "not a file"):
+            dead.status()
     assert status["stale.zarr"] == ("removed", "")
     after = small.snapshot()
     mine = [k for k in before if k.startswith(("dead.zarr/", ".durable/dead.zarr/"))]

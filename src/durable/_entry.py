@@ -32,6 +32,7 @@ from durable._protocol import (
     MARKER_NAME,
     MAX_MANIFEST_BYTES,
     MAX_MARKER_BYTES,
+    RECORDS_DIR,
     Layout,
     Manifest,
     Marker,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
     from durable._lease import Lease
 
-__all__ = ["Entry", "EntryWriter", "Problem", "Status", "VerifyReport"]
+__all__ = ["Entry", "EntryWriter", "Problem", "Status", "VerifyReport", "nearest_marked"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -195,7 +196,8 @@ class Entry:
         try:
             data = self.adapter.read(self.layout.marker, limit=MAX_MARKER_BYTES)
         except ValueError as exc:
-            raise MarkerError(f"{where}: {exc}", url=where) from None
+            raise MarkerError(str(exc) if where in str(exc) else f"{where}: {exc}",
+                              url=where) from None
         if data is None:
             return None
         marker = Marker.decode(data, where)
@@ -979,3 +981,26 @@ def _report_error(report: VerifyReport) -> IntegrityError:
     return IntegrityError(
         f"{report.url}: {len(report.problems)} of {report.objects} objects do not match the "
         f"manifest: {shown}{tail}", url=first.url, expected=first.expected, found=first.found)
+
+
+#: How far `nearest_marked` walks up: entries are not nested deeper than this.
+MAX_DEPTH = 32
+
+
+def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | None:
+    """The nearest entry at or above ``path`` with a commit marker beside it, that marker,
+    and ``path``'s key inside the entry ("" for the entry itself); None if there is none
+    within `MAX_DEPTH` levels (one marker read per level). MarkerError for a marker that
+    cannot be trusted."""
+    root, key = path.rstrip("/"), ""
+    for _ in range(MAX_DEPTH):
+        # Not the bucket (or file system root) itself, and never a records directory.
+        if "/" not in root.strip("/") or root.rpartition("/")[2] == RECORDS_DIR:
+            return None
+        entry = Entry(root, adapter=adapter)
+        marker = entry._read_sidecar()
+        if marker is not None:
+            return entry, marker, key
+        root, _, name = root.rpartition("/")
+        key = f"{name}/{key}" if key else name
+    return None

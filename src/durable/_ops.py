@@ -702,9 +702,12 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         return
     layout = sv.layout(item.key)
     path = sv.entry_path(item.key)
-    # Marker first: an entry committed since the plan is never touched.
-    if a.info(layout.marker) is not None:
-        item.status, item.detail = "skipped", "committed since the plan (it has a marker now)"
+    # Marker first: an entry committed since the plan is never touched. `exists`, not
+    # `info`: anything at the marker's path (on a local disk a symlink or a directory,
+    # which `info` calls no object and a listing skips) keeps the entry too.
+    if a.exists(layout.marker):
+        item.status, item.detail = "skipped", ("committed since the plan (something is at "
+                                               "its marker's path now)")
         return
     # A changed record (a new attempt, a renewed lease) is a writer at work.
     now = {k: i.version for k, i in a.list(layout.records).items()}

@@ -23,15 +23,13 @@ from typing import Any, BinaryIO, NoReturn
 
 from durable._checksum import Checksum, crc_to_hex
 from durable._checksum import crc32c as crc32c_of
-from durable._entry import Entry
+from durable._entry import nearest_marked
 from durable._errors import IncompleteError, IntegrityError
-from durable._protocol import RECORDS_DIR, Marker, ObjectRecord, State
+from durable._protocol import Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters._ranged import seek_position
 
 __all__ = ["error_document", "find_record", "open_verified", "read_verified"]
-
-_MAX_DEPTH = 32
 
 #: S3, GCS and Azure error documents are a few hundred bytes (well under 4 KiB); a larger
 #: body is never taken for one, so no object of a real size can be refused by the sniff.
@@ -115,7 +113,7 @@ def find_record(adapter: Adapter, path: str, info: ObjectInfo | None = None, *,
                 stat_taken: bool = False) -> Recorded | None:
     """The record of ``path``: the one in its own metadata, else its commit marker as a
     single-object entry, else its line in the manifest of the nearest enclosing entry
-    (walking up at most 32 levels, one marker read per level).
+    (`nearest_marked`).
 
     ``info``: a stat (or GET) of the object just taken, its metadata included
     (``stat_taken``: that stat was taken, and None means absent); without one, adapters
@@ -128,30 +126,22 @@ def find_record(adapter: Adapter, path: str, info: ObjectInfo | None = None, *,
     if own is not None:
         # Precedence: a marker beside (or a manifest around) the object is superseded.
         return own
-    root, key = path, ""
-    for _ in range(_MAX_DEPTH):
-        if "/" not in root.strip("/") or root.rpartition("/")[2] == RECORDS_DIR:
+    found = nearest_marked(adapter, path)
+    if found is None:
+        return None
+    entry, marker, key = found
+    assert marker.manifest is not None
+    if marker.kind == "object":
+        return Recorded(marker.manifest.objects[""], entry.url) if not key else None
+    rec = marker.manifest.objects.get(key)
+    if rec is None:
+        if key == "":
             return None
-        entry = Entry(root, adapter=adapter)
-        marker = entry._read_sidecar()
-        if marker is not None:
-            assert marker.manifest is not None
-            if marker.kind == "object":
-                if key:
-                    return None
-                return Recorded(marker.manifest.objects[""], entry.url)
-            rec = marker.manifest.objects.get(key)
-            if rec is None:
-                if key == "":
-                    return None
-                raise IntegrityError(
-                    f"{adapter.url(path)} is not in the manifest of the committed entry "
-                    f"{entry.url}: not part of what was committed", url=adapter.url(path),
-                    expected="an object listed in the manifest", found="an unlisted object")
-            return Recorded(rec, entry.url)
-        root, _, name = root.rpartition("/")
-        key = f"{name}/{key}" if key else name
-    return None
+        raise IntegrityError(
+            f"{adapter.url(path)} is not in the manifest of the committed entry "
+            f"{entry.url}: not part of what was committed", url=adapter.url(path),
+            expected="an object listed in the manifest", found="an unlisted object")
+    return Recorded(rec, entry.url)
 
 
 def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,

@@ -132,7 +132,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from durable._entry import Entry, Status, VerifyReport
+from durable._entry import Entry, Status, VerifyReport, nearest_marked
 from durable._errors import DurableError, IncompleteError
 from durable._ops import (
     TRUST,
@@ -389,7 +389,8 @@ def cli() -> None:
     """Inspect entries written with durable: their state, their data, a whole tree."""
 
 
-def status_doc(entry: Entry, st: Status) -> dict[str, Any]:
+def status_doc(entry: Entry, st: Status, holder: Entry | None = None) -> dict[str, Any]:
+    """``holder``: the entry whose state ``st`` is, where that is not ``entry`` itself."""
     marker = None
     if st.marker is not None:
         m = st.marker
@@ -397,7 +398,32 @@ def status_doc(entry: Entry, st: Status) -> dict[str, Any]:
         marker = {"kind": m.kind, "attempt": m.attempt, "committed_at": m.committed_at,
                   "writer": dict(m.writer), "objects": len(m.manifest),
                   "total_size": m.manifest.total_size, "format_version": m.version}
-    return {"url": entry.url, "state": st.state.value, "reason": st.reason, "marker": marker}
+    return {"url": entry.url, "entry": (holder or entry).url, "state": st.state.value,
+            "reason": st.reason, "marker": marker}
+
+
+def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
+    """For a path with data but no records of its own (an object or folder inside an
+    entry): the entry above it that holds it and the state to report, which is that
+    entry's if the path is in its manifest. None if no entry above it has a marker."""
+    if st.state is not State.INCOMPLETE or st.marker is not None:
+        return None
+    parent = entry.path.rstrip("/").rpartition("/")[0]
+    found = nearest_marked(entry.adapter, parent) if parent else None
+    if found is None:
+        return None
+    holder, marker, _ = found
+    key = entry.path.rstrip("/")[len(holder.path.rstrip("/")) + 1:]
+    assert marker.manifest is not None
+    objects = marker.manifest.objects
+    if marker.kind == "prefix" and (key in objects or any(k.startswith(f"{key}/")
+                                                          for k in objects)):
+        held = holder.status()
+        return holder, Status(held.state, f"part of the entry {holder.url}, which is "
+                                          f"{held.state}: {held.reason}", held.marker)
+    return holder, Status(State.INCOMPLETE, f"inside the entry {holder.url} but not in its "
+                                            "manifest: not part of what it committed",
+                          marker)
 
 
 @cli.command()
@@ -406,15 +432,21 @@ def status_doc(entry: Entry, st: Status) -> dict[str, Any]:
 @_common
 @click.pass_context
 def status(ctx: click.Context, url: str, as_json: bool) -> None:
-    """The state of the entry at URL: ABSENT, INCOMPLETE or COMPLETE, and why."""
+    """The state of the entry at URL: ABSENT, INCOMPLETE or COMPLETE, and why.
+
+    URL inside an entry (one of its objects or folders): the state of that entry if URL is
+    in its manifest, INCOMPLETE if it is not."""
     entry = _entry(ctx, url)
     st = entry.status()
-    doc = status_doc(entry, st)
+    holder, st = _part_of(entry, st) or (None, st)
+    doc = status_doc(entry, st, holder)
     if as_json:
         _emit_json(doc)
     else:
-        lines = [("url", Text(doc["url"])), ("state", _state_text(doc["state"])),
-                 ("reason", Text(doc["reason"]))]
+        lines = [("url", Text(doc["url"]))]
+        if holder is not None:
+            lines.append(("entry", Text(doc["entry"])))
+        lines += [("state", _state_text(doc["state"])), ("reason", Text(doc["reason"]))]
         if (m := doc["marker"]) is not None:
             writer = " ".join(f"{k}={v}" for k, v in m["writer"].items())
             lines += [(label, Text(value)) for label, value in (

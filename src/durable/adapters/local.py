@@ -397,6 +397,17 @@ class LocalAdapter(Adapter):
             return None
         return ObjectInfo(path, st.st_size, _version(st), st.st_mtime)
 
+    def read(self, path: str, *, limit: int | None = None) -> bytes | None:
+        data = super().read(path, limit=limit)
+        if data is None:
+            # What `info` calls "not an object" but is there all the same: a marker, record
+            # or manifest swapped for a symlink (which could point anywhere) or a directory
+            # is an error naming it, never "no marker" (which a cleanup reads as unfinished).
+            kind = _not_a_file(path)
+            if kind is not None:
+                raise ValueError(f"{self.url(path)} is {kind}, not a file")
+        return data
+
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
         out: dict[str, ObjectInfo] = {}
         _walk(prefix.rstrip("/"), "", out)
@@ -513,6 +524,19 @@ def _fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _not_a_file(path: str) -> str | None:
+    """What is at ``path`` if something other than a regular file is; None otherwise."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if _stat.S_ISLNK(mode):
+        return "a symlink"
+    if _stat.S_ISDIR(mode):
+        return "a directory"
+    return None if _stat.S_ISREG(mode) else "a special file"
 
 
 def _unlink_quiet(path: str) -> None:
