@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -180,6 +181,37 @@ def test_entry_commit_order(rec: RecordingOS, root: str) -> None:
     # Objects inside writing() are not fsynced one by one: the commit does it in a batch.
     last_object = max(rec.publish_of(f)[0] for f in files)
     assert not [e for e in rec.events[:last_object] if e[0] == "fsync"]
+
+
+def test_objects_synced_early_are_synced_before_the_marker(
+        rec: RecordingOS, root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`EntryWriter.sync_soon` starts an object's fsync before the block ends; the commit
+    waits for it (a slow one included), and one written again afterwards is synced again:
+    the early fsync covered the old bytes."""
+    slow = f"{root}/ent/slow"
+    fsync = rec.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == slow:
+            threading.Event().wait(0.3)  # still flushing when the block ends
+        fsync(fd)
+
+    monkeypatch.setattr(rec, "fsync", slow_fsync)
+    e = Entry(f"{root}/ent")
+    with e.writing() as w:
+        for key in ("slow", "again", "kept"):
+            w.write_bytes(key, key.encode())
+        w.sync_soon(["slow", "again", "kept"])
+        again = f"{root}/ent/again"
+        deadline = time.monotonic() + 10
+        while not rec.fsyncs(again) and time.monotonic() < deadline:
+            time.sleep(0.005)  # its early fsync done: it covered the first bytes only
+        w.write_bytes("again", b"written again")
+    check_commit_order(rec, root, [f"{root}/ent/{k}" for k in ("slow", "kept")])
+    published = max(i for i, ev in enumerate(rec.events)
+                    if ev[0] == "publish" and ev[2] == again)
+    marker_tmp = rec.publish_of(f"{root}/.durable/ent/commit.json")[1]
+    assert any(published < j < rec.first("open", marker_tmp) for j in rec.fsyncs(again))
 
 
 def test_mark_complete_order(rec: RecordingOS, root: str) -> None:

@@ -556,6 +556,31 @@ def test_tracked_writes_and_transactions_land_before_the_commit(target: Target) 
         assert (got.read().result() == values(20, seed)).all()
 
 
+def test_write_on_a_local_disk_makes_every_chunk_durable_before_the_marker(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Incident 003 for arrays: tensorstore's file driver renames each chunk into place
+    unsynced here (``file_io_sync`` off). Each chunk's fsync starts as its write lands,
+    beside the writes still running; the commit waits for every one, then fsyncs zarr.json
+    and each directory once, and only then writes the marker."""
+    import durable.adapters.local as local_adapter
+    from test_fsync import RecordingOS, check_commit_order
+
+    rec = RecordingOS()
+    monkeypatch.setattr(local_adapter, "os", rec)
+    root = os.path.realpath(tmp_path)
+    dts.write(f"{root}/ent", values(20), chunks=[10, 10])
+    marker = Entry(f"{root}/ent").read_marker()
+    assert marker is not None and marker.manifest is not None
+    keys = sorted(marker.manifest.objects)
+    assert len(keys) == 1 + 2 * math.ceil(COLS / 10)  # zarr.json and every chunk
+    check_commit_order(rec, root, [f"{root}/ent/{k}" for k in keys])
+    chunks = [i for k in keys if k != "zarr.json" for i in rec.fsyncs(f"{root}/ent/{k}")]
+    batch = [i for i, ev in enumerate(rec.events) if ev[0] == "fsync"
+             and (ev[1] == f"{root}/ent/zarr.json" or os.path.isdir(ev[1]))]
+    assert max(chunks) < min(batch), "the chunks' fsyncs were left to the commit's batch"
+    assert (dts.open(f"{root}/ent").read().result() == values(20)).all()
+
+
 def test_file_writer_leftovers_are_removed_not_committed(tmp_path: Any) -> None:
     url = os.path.join(tmp_path, "arr")
     with dts.writing(url) as w:

@@ -12,8 +12,8 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -670,8 +670,12 @@ class Entry:
         # The records dir was made by the attempt record without fsync: its entries in
         # the parent must be durable before the marker inside it counts.
         records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
+        with writer._lock:
+            syncing = dict(writer._syncing)
         try:
-            self.adapter.sync([i.path for i in listing.values()],
+            for started in syncing.values():
+                started.result()
+            self.adapter.sync([i.path for k, i in listing.items() if k not in syncing],
                               _dirs_of(self, listing) + records_dirs)
         except FileNotFoundError as exc:
             # Removed by another tool since it was written (a commit from the records lists
@@ -822,6 +826,8 @@ class EntryWriter:
         self._records_listing: dict[str, ObjectInfo] | None = None
         self._fragments = True
         self._from_records = False
+        # Objects whose bytes are being made durable already (`sync_soon`): key -> futures
+        self._syncing: dict[str, Future[None]] = {}
         self._spent: list[str] = []
         self.fs = RecordingFileSystem(self)
 
@@ -843,6 +849,9 @@ class EntryWriter:
             self._lease.check()
         check_key(key, self.url)
         self._listing = None  # taken before this write: no longer the whole entry
+        with self._lock:
+            # Written again: an fsync started before covers the old bytes, not these.
+            self._syncing.pop(key, None)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
         f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc,
@@ -928,6 +937,17 @@ class EntryWriter:
         self._fragments = False
         self._from_records = set(records) == {mine}
         return self._from_records
+
+    def sync_soon(self, keys: Iterable[str]) -> None:
+        """Objects written by other means with durable=False (tensorstore's file driver with
+        ``file_io_sync`` off), finished and not to be written again in this block: start
+        making their bytes durable now, beside the writes still to come, rather than all
+        after the last one. The commit waits for that work (its errors are the commit's)
+        and makes durable only what is left, and every directory, before the marker."""
+        keys = list(keys)
+        started = self.entry.adapter.sync_soon([f"{self.path}/{k}" for k in keys])
+        with self._lock:
+            self._syncing.update(zip(keys, started, strict=False))
 
     def remove_when_done(self, paths: list[str]) -> None:
         """Records of this attempt (paths in the records dir) that have served their

