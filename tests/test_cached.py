@@ -13,6 +13,7 @@ import functools
 import json
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import uuid
@@ -544,6 +545,21 @@ def test_array_subclasses_are_refused_not_stored_as_plain_arrays(
     assert type(got) is type(values())
     if make == "masked":
         assert got.mean() == 2.0
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ({"m": 1.5, "n": np.float64(2.5)}, "the value['n'] is a numpy.float64"),
+    ([1, {"a": (1, 2)}], "the value[1]['a'] is a builtins.tuple"),
+    ({"x": {3: "three"}}, "the value['x'] has the key 3, a builtins.int"),
+])
+def test_a_value_that_is_almost_json_names_the_element_in_the_way(
+        local: Store, value: Any, named: str) -> None:
+    """A metrics dict with one NumPy scalar in it: the error names that element, not only
+    the dict around it."""
+    f = durable.cached(local.root, version=named[:12])(lambda: value)
+    with pytest.raises(TypeError, match=re.escape(named)):
+        f()
+    assert f.state() is State.ABSENT
 
 
 def test_pickle_only_when_asked(local: Store) -> None:

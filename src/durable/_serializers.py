@@ -196,17 +196,36 @@ def _parquet_loads(data: bytes | bytearray) -> Any:
     return pd.read_parquet(io.BytesIO(data))
 
 
-def _is_json(value: Any, depth: int = 0) -> bool:
-    # Only what comes back as it went in: a tuple would come back a list, so it is not.
+def _is_json(value: Any) -> bool:
+    return _not_json(value) is None
+
+
+def _not_json(value: Any, where: str = "the value", depth: int = 0) -> str | None:
+    """What keeps ``value`` from being stored as JSON, naming the element; None if nothing.
+    Only what comes back as it went in is JSON here: a tuple would come back a list, a
+    NumPy scalar a float, so neither is."""
     if depth > 100:
-        return False
-    if value is None or isinstance(value, bool | int | float | str):
-        return type(value) in (type(None), bool, int, float, str)
+        return f"{where} is nested more than 100 deep"
+    if type(value) in (type(None), bool, int, float, str):
+        return None
     if type(value) is list:
-        return all(_is_json(v, depth + 1) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and _is_json(v, depth + 1) for k, v in value.items())
-    return False
+        items: Any = enumerate(value)
+    elif type(value) is dict:
+        items = value.items()
+        for k in value:
+            if type(k) is not str:
+                return f"{where} has the key {k!r:.60}, a {_type_name(k)} (JSON keys are str)"
+    else:
+        return f"{where} is a {_type_name(value)}"
+    for k, v in items:
+        found = _not_json(v, f"{where}[{k!r:.60}]", depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _type_name(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _json_dumps(value: Any) -> bytes:
@@ -310,11 +329,13 @@ def choose(value: Any, *, name: str | None, allow_pickle: bool) -> Serializer:
             break
         if ser.accepts(value):
             return ser
+    # A list or dict that is almost JSON: the element in the way, not only the container.
+    inside = f" ({_not_json(value)})" if type(value) in (list, dict) else ""
     raise TypeError(
-        f"no serializer stores a {type(value).__module__}.{type(value).__qualname__}: "
-        "return bytes, a NumPy array, a pandas DataFrame, an xarray Dataset/DataArray or "
-        "a JSON value (tuples are not: they would come back as lists), register one with "
-        "durable.register_serializer, or pass pickle=True")
+        f"no serializer stores a {_type_name(value)}{inside}: return bytes, a NumPy array, "
+        "a pandas DataFrame, an xarray Dataset/DataArray or a JSON value (tuples are not: "
+        "they would come back as lists), register one with durable.register_serializer, "
+        "or pass pickle=True")
 
 
 def by_name(name: str, *, allow_pickle: bool) -> Serializer:
