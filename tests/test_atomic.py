@@ -13,11 +13,14 @@ import os
 from pathlib import Path
 
 import crc32c
+import fsspec
 import pytest
 
 import durable
+import durable.adapters
 from conftest import Place
 from durable import IncompleteError, atomic_write, read_verified
+from durable.testing.pytest_plugin import Bucket
 
 MARKER = ".durable/{}/commit.json"
 # Over atomic_write's 1 MiB buffer: the bytes have reached the temp file when we raise.
@@ -165,6 +168,74 @@ def test_record_false_writes_no_marker(place: Place) -> None:
     assert place.files() == {"a.bin": b"plain"}
     with pytest.raises(IncompleteError):
         read_verified(place.url("a.bin"))
+
+
+def test_record_false_over_a_recorded_object_removes_the_old_record(place: Place) -> None:
+    """The old record would call the new bytes corrupt (same size: COMPLETE by its stat)."""
+    with atomic_write(place.url("a.bin")) as f:
+        f.write(b"version one")
+    with atomic_write(place.url("a.bin"), record=False) as f:
+        f.write(b"version two")
+    assert place.files() == {"a.bin": b"version two"}
+    assert durable.Entry(place.url("a.bin")).state() is durable.State.INCOMPLETE
+    with pytest.raises(IncompleteError, match="no commit record covers"):
+        read_verified(place.url("a.bin"))
+
+
+def _racing(monkeypatch: pytest.MonkeyPatch, url: str, other: bytes,
+            options: dict[str, object] | None = None) -> None:
+    """Another writer's whole atomic_write of ``url`` runs between this writer's publish
+    and its marker (the interleaving two processes writing one path can hit)."""
+    adapter, _ = durable.adapters.resolve(url, options)
+    cls = type(adapter)
+    original = cls.verify_written
+    ran: list[bool] = []
+
+    def verify_then_race(self: object, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        if not ran:
+            ran.append(True)
+            with atomic_write(url, storage_options=options) as f:
+                f.write(other)
+
+    monkeypatch.setattr(cls, "verify_written", verify_then_race)
+
+
+def _never_an_old_record_over_new_bytes(url: str, theirs: bytes,
+                                        options: dict[str, object] | None = None) -> None:
+    entry = durable.Entry(url, storage_options=options)
+    try:
+        got = read_verified(url, storage_options=options)
+    except IncompleteError:
+        assert entry.state() is durable.State.INCOMPLETE  # visible, never COMPLETE
+    else:
+        assert got == theirs and entry.state() is durable.State.COMPLETE
+
+
+@pytest.mark.parametrize("how", ["atomic_write", "durable::"])
+def test_a_writer_overtaken_between_its_publish_and_its_marker_takes_its_marker_back(
+        place: Place, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    url = place.url("a.bin")
+    with atomic_write(url) as f:
+        f.write(b"version zero")
+    _racing(monkeypatch, url, b"theirs, written last")
+    with (atomic_write(url) if how == "atomic_write" else
+          fsspec.open(f"durable::{durable.Entry(url).url}", "wb")) as f:
+        f.write(b"mine, published first")
+    assert place.read("a.bin") == b"theirs, written last"
+    _never_an_old_record_over_new_bytes(url, b"theirs, written last")
+
+
+def test_a_multipart_writer_overtaken_on_s3_takes_its_marker_back(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the part size the record is a marker beside the object on S3 too."""
+    url = f"s3://{s3_bucket.name}/big.bin"
+    opts = s3_bucket.storage_options
+    theirs = os.urandom(9 * 1024 * 1024)
+    _racing(monkeypatch, url, theirs, opts)
+    with atomic_write(url, storage_options=opts) as f:
+        f.write(os.urandom(9 * 1024 * 1024))
+    _never_an_old_record_over_new_bytes(url, theirs, opts)
 
 
 def test_bad_mode_is_refused_before_anything_is_written(place: Place) -> None:

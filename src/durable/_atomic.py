@@ -12,10 +12,10 @@ from typing import IO, Any
 from durable._errors import IntegrityError
 from durable._protocol import Layout, Manifest, Marker, ObjectRecord, new_attempt_id
 from durable._recording import TextAtomicWriter
-from durable.adapters import resolve
-from durable.adapters.base import VerifyLevel
+from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
+from durable.adapters.base import VerifyLevel, VersionMismatchError
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "publish"]
 
 _BUFFER = 1024 * 1024
 
@@ -63,9 +63,15 @@ def atomic_write(
         raise IsADirectoryError(errno.EISDIR, "a directory, not a file to write",
                                 os.fspath(url))
     adapter, path = resolve(url, storage_options)
-    layout = Layout(path) if record else None
-    if layout is not None:
+    layout: Layout | None
+    if record:
+        layout = Layout(path)
         layout.refuse_inside_records()
+    else:
+        try:
+            layout = Layout(path)  # only to remove an old record: see `publish`
+        except ValueError:
+            layout = None  # no parent to hold records: none to remove either
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
     buffered = io.BufferedWriter(raw, buffer_size=_BUFFER)
@@ -77,22 +83,6 @@ def atomic_write(
     try:
         yield handle
         handle.flush()
-        if create_only and adapter.info(path) is not None:
-            # Refused before the marker is touched: a refused create must leave the
-            # existing object COMPLETE, not strip its record.
-            raise FileExistsError(f"{adapter.url(path)} exists (atomic_write mode {mode!r} "
-                                  "only creates)")
-        marker = own = None
-        if layout is not None:
-            marker = Marker.new("object", new_attempt_id(), Manifest(
-                {"": ObjectRecord(raw.checksum.size, raw.checksum.crc)}))
-            if raw.carries_record:
-                # Data and record in one request: no marker to remove first, since an
-                # object carrying its own record is never judged by a marker beside it.
-                own = marker.to_metadata()
-            elif adapter.info(layout.marker) is not None:
-                adapter.delete([layout.marker])
-        info = raw.commit(record=own)
     except BaseException:
         raw.abort()
         raise
@@ -100,8 +90,48 @@ def atomic_write(
         # Detach the wrappers so that their close() cannot touch the raw file again.
         with contextlib.suppress(ValueError):
             handle.detach()
+    publish(adapter, raw, path, layout, create_only=create_only, record=record,
+            verify=verify or adapter.default_verify, mode=mode)
+
+
+def publish(adapter: Adapter, raw: AtomicFile, path: str, layout: Layout | None, *,
+            create_only: bool, record: bool, verify: VerifyLevel,
+            mode: str = "wb") -> ObjectInfo:
+    """Publish the finished ``raw`` at ``path``, verify it, record it (``record``): the
+    steps and their order for `atomic_write` and for ``durable::`` writes. Any failure
+    before the object is published aborts ``raw``.
+
+    An old record never stands over new bytes: where the new object cannot carry its own
+    record in its metadata (local disk, memory, a multipart upload; any write without a
+    record), a marker beside it is removed before the new bytes are published (a crash in
+    between leaves the object unrecorded: INCOMPLETE) and the new one written after them.
+    """
     try:
-        adapter.verify_written(path, raw.checksum, verify or adapter.default_verify)
+        if create_only and adapter.info(path) is not None:
+            # Refused before the marker is touched: a refused create must leave the
+            # existing object COMPLETE, not strip its record.
+            raise FileExistsError(f"{adapter.url(path)} exists (atomic_write mode {mode!r} "
+                                  "only creates)")
+        marker = own = None
+        if record:
+            marker = Marker.new("object", new_attempt_id(), Manifest(
+                {"": ObjectRecord(raw.checksum.size, raw.checksum.crc)}))
+            if raw.carries_record:
+                # Data and record in one request: no marker to remove first, since an
+                # object carrying its own record is never judged by a marker beside it.
+                own = marker.to_metadata()
+        if (own is None and not create_only and layout is not None
+                and adapter.info(layout.marker) is not None):
+            # Without a record, too: the old one would call the new bytes corrupt.
+            # (A create-only write keeps it: the object it records is there, or the
+            # commit would not have got this far on a store that checks.)
+            adapter.delete([layout.marker])
+        info = raw.commit(record=own)
+    except BaseException:
+        raw.abort()
+        raise
+    try:
+        adapter.verify_written(path, raw.checksum, verify)
     except IntegrityError:
         # The store holds something other than what was sent: take it away rather than
         # leave a wrong object under the name (no marker is written for it; a record in
@@ -111,4 +141,23 @@ def atomic_write(
         raise
     if layout is not None and marker is not None and info.record is None:
         # Not carried by the object (local disk, a multipart upload): the marker, last.
-        adapter.put(layout.marker, marker.encode()[0])
+        written = adapter.put(layout.marker, marker.encode()[0])
+        _withdraw_if_replaced(adapter, path, info, layout.marker, written)
+    return info
+
+
+def _withdraw_if_replaced(adapter: Adapter, path: str, info: ObjectInfo, marker: str,
+                          written: ObjectInfo) -> None:
+    """Two writers of one object each remove the marker, publish and write their own;
+    interleaved, one's marker can land over the other's bytes, and would call them
+    corrupt. Checked once the marker is written: if the object is no longer the one this
+    writer published, its marker is taken back (only it: conditionally where the store
+    can), leaving the other's bytes INCOMPLETE or recorded by their own writer's marker."""
+    now = adapter.info(path)
+    if info.version is None or (now is not None and now.version == info.version):
+        return
+    if written.version is not None and adapter.supports_conditional(marker):
+        with contextlib.suppress(VersionMismatchError):
+            adapter.delete_if(marker, written.version)
+        return
+    adapter.delete([marker])

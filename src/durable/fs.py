@@ -64,8 +64,9 @@ from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import isfilelike, stringify_path
 
+from durable._atomic import publish
 from durable._errors import IntegrityError, UnsupportedError
-from durable._protocol import RECORDS_DIR, Layout, Manifest, Marker, ObjectRecord, new_attempt_id
+from durable._protocol import RECORDS_DIR, Layout
 from durable._verified import VerifiedReader, find_record
 from durable.adapters import adapter_for_fs
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
@@ -309,32 +310,9 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         return DurableWriteFile(self, path, create_only=mode == "xb")
 
     def _publish(self, raw: AtomicFile, layout: Layout, create_only: bool) -> ObjectInfo:
-        adapter, path = self.adapter, layout.path
-        record = ObjectRecord(raw.checksum.size, raw.checksum.crc)
-        marker = Marker.new("object", new_attempt_id(), Manifest({"": record}))
-        own = None
-        if raw.carries_record:
-            # Data and record in one request (as atomic_write): an object carrying its own
-            # record is never judged by a marker beside it, so none is removed first.
-            own = marker.to_metadata()
-        elif not create_only:
-            # The old record goes before the new bytes: a crash in between leaves an
-            # object without a record (INCOMPLETE), never an old record over new bytes.
-            # (A create-only write keeps it: if the object exists the commit fails, and
-            # the existing object must keep its record.)
-            adapter.delete([layout.marker])
-        info = raw.commit(record=own)
-        try:
-            adapter.verify_written(path, raw.checksum, self.verify or adapter.default_verify)
-        except IntegrityError:
-            # The store holds something other than what was sent: take it away.
-            with contextlib.suppress(OSError):
-                adapter.delete([path])
-            raise
-        if info.record is None:
-            # Not carried by the object (local disk, a multipart upload): the marker, last.
-            adapter.put(layout.marker, marker.encode()[0])
-        return info
+        return publish(self.adapter, raw, layout.path, layout, create_only=create_only,
+                       record=True, verify=self.verify or self.adapter.default_verify,
+                       mode="xb" if create_only else "wb")
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite",
                   **kwargs: Any) -> None:
