@@ -442,11 +442,22 @@ def test_a_dict_spelled_like_a_tagged_value_has_a_key_of_its_own(local: Store) -
     way shared their entry, and one call returned the other's result."""
     import datetime as dt
 
-    f = durable.cached(local.root)(lambda x: repr(x))
+    def f_result(x: Any) -> Any:
+        return repr(x)
+
+    f = durable.cached(local.root)(f_result)
     for value, lookalike in (({1, 2}, {"set": [1, 2]}),
                              (float("nan"), {"float": "nan"}),
                              (dt.datetime(2020, 1, 1), {"datetime": "2020-01-01T00:00:00"}),
                              ({"set": [1]}, {"dict": {"set": [1]}})):
+        assert f.entry(value).url != f.entry(lookalike).url
+        assert f(value) == repr(value) and f(lookalike) == repr(lookalike)
+    # NumPy times whose .item() is an int, None or a timedelta: keys of their own.
+    ns = np.datetime64("2020-01-01T00:00:00", "ns")
+    for value, lookalike in ((ns, int(ns.astype(np.int64))),
+                             (np.datetime64("NaT"), None),
+                             (np.timedelta64(5, "ns"), 5),
+                             (np.timedelta64(5, "s"), "5 seconds")):
         assert f.entry(value).url != f.entry(lookalike).url
         assert f(value) == repr(value) and f(lookalike) == repr(lookalike)
     # A dict with no tag's name keeps its plain key (entries cached before stay found).
@@ -476,6 +487,10 @@ def test_methods_are_bound_and_nameless_callables_refused(local: Store) -> None:
         Model(1).unkeyed(1)
     with pytest.raises(TypeError, match="needs a function with a name"):
         durable.cached(local.root)(functools.partial(max, 1))
+    # Lambdas all have one name: two under one root shared entries (one returned the
+    # other's results).
+    with pytest.raises(TypeError, match=r"defined with def, got a lambda \(test_cached\."):
+        durable.cached(local.root)(lambda x: x + 1)
 
 
 def _value_keys(entry: Entry) -> list[str]:
@@ -491,10 +506,14 @@ def _value_keys(entry: Entry) -> list[str]:
     (np.asfortranarray(np.arange(12, dtype=">i2").reshape(3, 4)), "value.npy"),
     (np.array(2.5), "value.npy"),
     (np.zeros(3, dtype=[("a", "<i4"), ("b", "?")]), "value.npy"),
+    (np.ones(2, dtype=[("名前", "<i4"), ("b", "?")]), "value.npy"),  # .npy format 3.0
     (np.array([], dtype=np.uint8), "value.npy"),
 ])
 def test_serializers_by_type(local: Store, value: Any, stored: str) -> None:
-    f = durable.cached(local.root)(lambda: value)
+    def f_result() -> Any:
+        return value
+
+    f = durable.cached(local.root)(f_result)
     got = f()
     assert _value_keys(f.entry()) == ["key.json", stored]
     if isinstance(value, np.ndarray):
@@ -508,7 +527,10 @@ def test_serializers_by_type(local: Store, value: Any, stored: str) -> None:
 def test_dataframe_as_parquet(local: Store) -> None:
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})
-    f = durable.cached(local.root)(lambda: frame)
+    def f_result() -> Any:
+        return frame
+
+    f = durable.cached(local.root)(f_result)
     pd.testing.assert_frame_equal(f(), frame)
     assert "value.parquet" in _value_keys(f.entry())
 
@@ -516,9 +538,15 @@ def test_dataframe_as_parquet(local: Store) -> None:
 def test_xarray_as_zarr(local: Store) -> None:
     xr = pytest.importorskip("xarray")
     ds = xr.Dataset({"t": (("x",), np.arange(6.0))}, coords={"x": np.arange(6)})
-    f = durable.cached(local.root)(lambda: ds)
+    def f_result() -> Any:
+        return ds
+
+    f = durable.cached(local.root)(f_result)
     xr.testing.assert_identical(f().load(), ds)
-    da = durable.cached(local.root, version=2)(lambda: ds["t"].rename(None))
+    def da_result() -> Any:
+        return ds["t"].rename(None)
+
+    da = durable.cached(local.root, version=2)(da_result)
     xr.testing.assert_identical(da().load(), ds["t"].rename(None))
     keys = _value_keys(f.entry())
     assert "value.zarr/zarr.json" in keys and "key.json" in keys
@@ -532,10 +560,14 @@ def test_array_subclasses_are_refused_not_stored_as_plain_arrays(
     np.matrix without its `*`: they are refused like tuples, not silently changed."""
     import numpy as np
 
-    values = {"masked": lambda: np.ma.masked_array([1.0, -9999.0, 3.0],
+    makers = {"masked": lambda: np.ma.masked_array([1.0, -9999.0, 3.0],
                                                    mask=[False, True, False]),
               "matrix": lambda: np.matrix([[1, 2], [3, 4]]),
-              "recarray": lambda: np.rec.fromrecords([(1, 2.0)], names="a,b")}[make]
+              "recarray": lambda: np.rec.fromrecords([(1, 2.0)], names="a,b")}
+
+    def values() -> Any:
+        return makers[make]()
+
     f = durable.cached(local.root, version=make)(values)
     with pytest.raises(TypeError, match=r"no serializer stores a numpy\..*pickle=True"):
         f()
@@ -556,14 +588,20 @@ def test_a_value_that_is_almost_json_names_the_element_in_the_way(
         local: Store, value: Any, named: str) -> None:
     """A metrics dict with one NumPy scalar in it: the error names that element, not only
     the dict around it."""
-    f = durable.cached(local.root, version=named[:12])(lambda: value)
+    def f_result() -> Any:
+        return value
+
+    f = durable.cached(local.root, version=named[:12])(f_result)
     with pytest.raises(TypeError, match=re.escape(named)):
         f()
     assert f.state() is State.ABSENT
 
 
 def test_pickle_only_when_asked(local: Store) -> None:
-    f = durable.cached(local.root)(lambda: (1, "tuple"))
+    def f_result() -> Any:
+        return (1, "tuple")
+
+    f = durable.cached(local.root)(f_result)
     with pytest.raises(TypeError, match=r"tuple.*pickle=True"):
         f()
     assert f.state() is State.ABSENT
@@ -580,7 +618,10 @@ def test_registered_serializer(local: Store) -> None:
 
     durable.register_serializer(Point, name="point-test", dumps=lambda p: str(p.x).encode(),
                                 loads=lambda b: Point(int(b)))
-    f = durable.cached(local.root)(lambda: Point(3))
+    def f_result() -> Any:
+        return Point(3)
+
+    f = durable.cached(local.root)(f_result)
     assert f().x == 3
     assert "value.point-test" in _value_keys(f.entry())
     with pytest.raises(ValueError, match="built-in"):

@@ -357,6 +357,7 @@ def test_listing_is_one_paginated_listing(
     for i in range(3):
         boto.put_object(Bucket=s3_bucket.name, Key=f"p/{i}/x", Body=b"x" * i)
     boto.put_object(Bucket=s3_bucket.name, Key="p/folder/", Body=b"")
+    boto.put_object(Bucket=s3_bucket.name, Key="p/", Body=b"")  # the prefix's own folder
     boto.put_object(Bucket=s3_bucket.name, Key="pq", Body=b"not below p/")
     proxied = _adapter(via_proxy)
     listing = proxied.list(f"{s3_bucket.name}/p")
@@ -366,6 +367,42 @@ def test_listing_is_one_paginated_listing(
     proxied.delete_prefix(f"{s3_bucket.name}/p")
     keys = [o["Key"] for o in boto.list_objects_v2(Bucket=s3_bucket.name).get("Contents", [])]
     assert keys == ["pq"]
+
+
+def test_a_key_holding_a_version_id_is_refused_not_cut(s3_bucket: Bucket) -> None:
+    """s3fs cuts "report?versionId=draft" to "report": the write replaced another object."""
+    opts = s3_bucket.storage_options
+    with atomic_write(f"s3://{s3_bucket.name}/report", storage_options=opts) as f:
+        f.write(b"committed data")
+    with (pytest.raises(ValueError, match=r"report\?versionId=draft: s3fs reads"),
+          atomic_write(f"s3://{s3_bucket.name}/report?versionId=draft",
+                       storage_options=opts) as f):
+        f.write(b"a draft")
+    assert read_verified(f"s3://{s3_bucket.name}/report",
+                         storage_options=opts) == b"committed data"
+
+
+def test_a_console_folder_at_the_entrys_own_prefix_is_not_data(
+        s3_bucket: Bucket, boto: Any) -> None:
+    """The AWS console's "Create folder" makes an empty object "ds/": listed below "ds" it
+    would be the key "", which no manifest can hold, and no commit or adoption went
+    through."""
+    boto.put_object(Bucket=s3_bucket.name, Key="ds/", Body=b"")
+    entry = Entry(f"s3://{s3_bucket.name}/ds", storage_options=s3_bucket.storage_options)
+    with entry.writing(resume=True) as w:
+        w.write_bytes("part-0", b"hello")
+    assert entry.state() is State.COMPLETE
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    assert set(marker.manifest.objects) == {"part-0"}
+    # Data written before durable, in a console folder, adopted.
+    boto.put_object(Bucket=s3_bucket.name, Key="dt/", Body=b"")
+    boto.put_object(Bucket=s3_bucket.name, Key="dt/part-0", Body=b"world")
+    adopted = Entry(f"s3://{s3_bucket.name}/dt", storage_options=s3_bucket.storage_options)
+    adopted.mark_complete()
+    marker = adopted.read_marker()
+    assert marker is not None and marker.manifest is not None
+    assert set(marker.manifest.objects) == {"part-0"}
 
 
 @pytest.mark.parametrize("text", ["2026-11-29T21:00:00.000Z", "2026-11-29T21:00:00Z",

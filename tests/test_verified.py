@@ -340,6 +340,20 @@ def test_object_not_in_the_manifest_is_refused(place: Place) -> None:
     assert info.value.url == url and "not in the manifest" in str(info.value)
 
 
+def test_an_object_deep_inside_an_entry_is_checked_against_its_manifest(
+        place: Place) -> None:
+    """Writers take keys of any depth; the reader's walk up to the entry's marker must
+    reach it too (it stopped at 32 levels: the object read as unrecorded)."""
+    key = "/".join(f"l{i}" for i in range(40)) + "/x.bin"
+    with Entry(place.url("ent")).writing() as w:
+        w.write_bytes(key, b"good")
+    url = place.canonical("ent", *key.split("/"))
+    assert read_verified(url) == b"good"
+    place.write(f"ent/{key}", b"BAD!")  # the same size, other bytes
+    with pytest.raises(IntegrityError, match="CRC32C"):
+        read_verified(url)
+
+
 def test_open_verified_refuses_write_modes(place: Place) -> None:
     _, url, _ = single(place)
     with pytest.raises(ValueError):

@@ -110,6 +110,12 @@ class CachedFunction(Generic[P, R]):
             # functools.partial, a callable object) there is nothing stable to name it by.
             raise TypeError(f"durable.cached needs a function with a name, got {func!r}: "
                             "wrap it in a def (whose arguments then make the key)")
+        if func.__qualname__.rpartition(".")[2] == "<lambda>":
+            # Entries are named after the function: every lambda of a module has the same
+            # name, and two under one root would return each other's results.
+            raise TypeError(f"durable.cached needs a function defined with def, got a "
+                            f"lambda ({func.__module__}.{func.__qualname__}): lambdas "
+                            "share one name, so their results would share entries")
         functools.update_wrapper(self, func)
         self.__wrapped__ = func
         self._func = func
@@ -367,7 +373,7 @@ def _readable(doc: Any) -> str:
 
 # The keys `_canonical` tags non-JSON values with (and dicts that use one of them).
 _TAGS = frozenset({"enum", "float", "set", "bytes", "datetime", "date", "time", "ndarray",
-                   "dict"})
+                   "dict", "datetime64", "timedelta64"})
 
 
 def _canonical(value: Any, where: str, depth: int = 0) -> Any:
@@ -414,7 +420,14 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
                             "sha256": hashlib.sha256(data).hexdigest()}}
     generic = _numpy_type("generic")
     if generic is not None and isinstance(value, generic):
-        return _canonical(value.item(), where, depth + 1)
+        item = value.item()
+        if isinstance(value, _numpy_type("timedelta64")) or (
+                isinstance(value, _numpy_type("datetime64"))
+                and (item is None or isinstance(item, int))):
+            # .item() of a datetime64 in ns (or NaT) is an int (None), the key of another
+            # argument; of a timedelta64 an int or a timedelta, which no key takes.
+            return {type(value).__name__: str(value)}
+        return _canonical(item, where, depth + 1)
     raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
                     "cannot be made into a cache key; pass key= to cached (a function of "
                     "the same arguments returning what identifies the result)")

@@ -1003,17 +1003,13 @@ def _report_error(report: VerifyReport) -> IntegrityError:
         f"manifest: {shown}{tail}", url=first.url, expected=first.expected, found=first.found)
 
 
-#: How far `nearest_marked` walks up: entries are not nested deeper than this.
-MAX_DEPTH = 32
-
-
 def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | None:
     """The nearest entry at or above ``path`` with a commit marker beside it, that marker,
     and ``path``'s key inside the entry ("" for the entry itself); None if there is none
-    within `MAX_DEPTH` levels (one marker read per level). MarkerError for a marker that
-    cannot be trusted."""
+    up to the bucket or the file system's root (one marker read per level: no limit, since
+    writers take keys of any depth). MarkerError for a marker that cannot be trusted."""
     root, key = path.rstrip("/"), ""
-    for _ in range(MAX_DEPTH):
+    while True:
         # Not the bucket (or file system root) itself, and never a records directory.
         if "/" not in root.strip("/") or root.rpartition("/")[2] == RECORDS_DIR:
             return None
@@ -1023,4 +1019,3 @@ def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | N
             return entry, marker, key
         root, _, name = root.rpartition("/")
         key = f"{name}/{key}" if key else name
-    return None

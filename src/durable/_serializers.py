@@ -33,6 +33,7 @@ import pickle
 import re
 import sys
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, cast
@@ -151,7 +152,11 @@ def _npy_dumps(value: Any) -> bytes:
     import numpy as np
 
     buf = io.BytesIO()
-    np.save(buf, value, allow_pickle=False)
+    with warnings.catch_warnings():
+        # Field names beyond latin-1 take .npy format 3.0, which NumPy warns about at
+        # every save; durable's reader reads it (`_npy_loads`).
+        warnings.filterwarnings("ignore", "Stored array in format 3.0", UserWarning)
+        np.save(buf, value, allow_pickle=False)
     return buf.getvalue()
 
 
@@ -163,6 +168,10 @@ def _npy_loads(data: bytes | bytearray) -> Any:
     size = int.from_bytes(head[8:10] if head[6:7] == b"\x01" else head[8:12], "little")
     f = io.BytesIO(bytes(data[:12 + size]))
     major, _ = np.lib.format.read_magic(f)
+    if major not in (1, 2):
+        # Format 3 (names beyond latin-1, UTF-8 headers): read_array_header_2_0 would
+        # decode its header as latin-1 and mangle the field names. np.load reads it right.
+        return np.load(io.BytesIO(data), allow_pickle=False)
     read_header = (np.lib.format.read_array_header_1_0 if major == 1
                    else np.lib.format.read_array_header_2_0)
     shape, fortran, dtype = read_header(f)

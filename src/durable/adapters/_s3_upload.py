@@ -51,11 +51,12 @@ class WrittenChecksum(Checksum):
 class S3AtomicFile(AtomicFile):
     def __init__(self, adapter: S3Adapter, path: str, *, create_only: bool,
                  head_check: bool) -> None:
+        bucket, key = adapter._split(path)  # a path it refuses: before anything to abort
         super().__init__(path)
         self.checksum: WrittenChecksum = WrittenChecksum()
         self._a = adapter
         self._url = adapter.url(path)
-        self._bucket, self._key = adapter._split(path)
+        self._bucket, self._key = bucket, key
         self._create_only = create_only
         self._head_check = create_only and head_check
         # Names this write in the object's metadata: a create-only request refused (412)

@@ -160,6 +160,12 @@ class S3Adapter(Adapter):
 
     # plumbing -----------------------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, str]:
+        if "?versionId=" in path:
+            # s3fs cuts the key there (a version of the object before it): a write would
+            # replace that other object, and every record would name it.
+            raise ValueError(f"{self.url(path)}: s3fs reads '?versionId=' in a key as a "
+                             "version of another object; durable names current objects "
+                             "only: rename the key")
         bucket, key, _ = self.fs.split_path(path)
         return str(bucket), str(key)
 
@@ -350,9 +356,10 @@ class S3Adapter(Adapter):
                           record_fields(resp.get("Metadata")))
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
-        # A console "folder" (an empty object named "dir/") is not data.
+        # A console "folder" (an empty object named "dir/") is not data; nor is one named
+        # as the prefix itself ("ds/" below "ds"), whose key here would be "".
         return {k: i for k, i in self._list(prefix).items()
-                if not (k.endswith("/") and i.size == 0)}
+                if k and not (k.endswith("/") and i.size == 0)}
 
     def _list(self, prefix: str) -> dict[str, ObjectInfo]:
         self._parse_timestamps_fast()
