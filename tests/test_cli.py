@@ -579,6 +579,27 @@ def test_clean_removes_a_killed_writer_and_nothing_else(tmp_path: os.PathLike[st
     assert Entry(place.url("dead.zarr")).state() is State.ABSENT
 
 
+def test_a_killed_atomic_writes_temp_file_is_for_clean_not_an_entry(place: Place) -> None:
+    """It made its folder an entry: scan counted it as data and mark-complete adopted the
+    folder, empty, as COMPLETE (and clean then kept the temp file inside it for ever)."""
+    place.write("ckpt/.model.pt.durable-tmp-0123456789ab", b"x" * 1000)
+    place.write("legacy/part-0", b"written without durable")
+    place.write("legacy/.part-1.durable-tmp-0123456789ab", b"half")
+    rows = {r.url: r for r in scan(place.url())}
+    assert url_of(place, "ckpt") not in rows
+    assert (rows[url_of(place, "legacy")].objects, rows[url_of(place, "legacy")].size) == (
+        1, len(b"written without durable"))
+    adopted = as_json(run("mark-complete", place.url(), "--apply", "--json"))
+    assert [e["url"] for e in adopted["entries"]] == [url_of(place, "legacy")]
+    assert Entry(place.url("ckpt")).state() is not State.COMPLETE
+    cleaned = as_json(run("clean", place.url(), "--older-than", "0s", "--apply", "--json"))
+    assert {(i["kind"], i["status"]) for i in cleaned["items"]} == {("temp", "removed")}
+    # The one inside the adopted entry too: no manifest lists a temp file. Its data stays.
+    assert not any(".durable-tmp-" in k for k in place.files())
+    legacy = Entry(place.url("legacy"))
+    assert legacy.state() is State.COMPLETE and legacy.verify(deep=True).ok
+
+
 @pytest.mark.parametrize("age", ["3", "2x", "-1h", "", "h"])
 def test_clean_needs_an_age_with_a_unit(place: Place, age: str) -> None:
     result = run("clean", place.url(), "--older-than", age)

@@ -629,7 +629,12 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             continue  # part of a writer's entry: removed, or kept, with it
         url = sv.adapter.url(info.path)
         age = age_since(info.modified)
-        why = blocked(owners) or old(age, "written (store's clock)")
+        # Inside a committed entry too: no manifest lists a temp file (commits and
+        # mark-complete leave them out), so one left by a writer killed there, or by a
+        # folder adopted around it, is debris that nothing else would ever remove.
+        committed = [k for k in owners if sv.entries[k].marker is not None]
+        why = (blocked([k for k in owners if k not in committed])
+               or _committed_data(sv, committed, tkey) or old(age, "written (store's clock)"))
         if why is not None:
             kept.append(Skipped(url, why))
             continue
@@ -683,6 +688,21 @@ def apply_clean(sv: Survey, report: CleanReport, *, workers: int = _WORKERS,
                 if progress is not None:
                     progress("removing", n, len(planned))
     return report
+
+
+def _committed_data(sv: Survey, entries: list[str], key: str) -> str | None:
+    """Why the temp-named ``key`` inside these committed entries must stay: a manifest
+    lists it after all (data, whatever its name), or a marker cannot be read."""
+    for k in entries:
+        try:
+            marker = Entry(sv.entry_path(k), adapter=sv.adapter).read_marker()
+        except DurableError as exc:
+            return f"inside {sv.url(k)}, whose marker cannot be read: {exc}"
+        rel = key[len(k) + 1:] if k else key
+        if marker is not None and marker.manifest is not None and (
+                rel in marker.manifest.objects):
+            return f"listed in the manifest of the committed entry {sv.url(k)}"
+    return None
 
 
 def _remove(sv: Survey, item: CleanItem, workers: int) -> None:

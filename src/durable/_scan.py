@@ -478,14 +478,18 @@ def _count_data(listing: dict[str, ObjectInfo], found: dict[str, EntryFound]) ->
     parents = {p for p in parents if not in_entry(p)}
     holds_entry = {a for k in entries for a in _ancestors(k)[:-1]}
     for key, info in listing.items():
+        if TMP_MARK in key.rpartition("/")[2]:
+            # A temp file (a writer at work, or one killed: `clean` removes it) is no
+            # entry's data: counted, it made its folder an entry that mark-complete
+            # adopted with nothing in it.
+            continue
         chain = _ancestors(key)
         for depth, a in enumerate(chain):
             f = found.get(a)
             if f is None and depth > 0 and chain[depth - 1] in parents:
                 name = a.rpartition("/")[2]
-                # A temp file of a writer at work is not data; records are not entries.
-                if (name != RECORDS_DIR and TMP_MARK not in name
-                        and a not in holds_entry):
+                # Records are not entries.
+                if name != RECORDS_DIR and a not in holds_entry:
                     f = found[a] = EntryFound(a)
             if f is not None:
                 f.objects += 1

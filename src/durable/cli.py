@@ -819,11 +819,12 @@ def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
     - INCOMPLETE entries a durable writer started (attempt records, a lease, other
       records) and never committed, with no live lease: data and records;
     - records whose entry's data is gone, with no marker;
-    - temp files of atomic writes (.NAME.durable-tmp-*);
+    - temp files of atomic writes (.NAME.durable-tmp-*), inside committed entries too
+      (no manifest lists one);
     - uploads never completed: S3 multipart uploads, Azure blobs of uncommitted blocks
       only (GCS resumable sessions cannot be listed; GCS drops them after a week).
 
-    It never touches an entry with a commit marker, nor anything inside one, nor data with
+    It never touches an entry with a commit marker, nor anything else inside one, nor data with
     no durable records (data written before durable: see mark-complete), nor an entry
     holding an object that carries its own commit record in its metadata (S3: one HEAD per
     object of each entry about to be removed, at the plan and again before removal, since
