@@ -327,6 +327,31 @@ def test_status_of_a_path_inside_an_entry_is_that_entrys(place: Place, member: s
     assert lost.exit_code == 3 and "data gone" in as_json(lost)["reason"]
 
 
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_status_of_a_damaged_object_inside_an_entry_is_incomplete(
+        place: Place, damage: str) -> None:
+    """The object asked about is checked, not only the entry's first and last objects: a
+    script doing `durable status ENTRY/OBJECT && use it` must not go on with it."""
+    entry = write_entry(place.url("good.zarr"), GOOD)
+    if damage == "truncated":
+        truncate(place, "good.zarr/c/0/0", 100)  # a middle object: status() of the entry
+    elif place.kind == "file":                   # checks the first and the last
+        os.remove(os.path.join(place.root, "good.zarr", "c", "0", "0"))
+    else:
+        place.remove_tree("good.zarr/c/0/0")
+    result = run("status", place.url("good.zarr", "c", "0", "0"), "--json")
+    assert result.exit_code == 3
+    doc = as_json(result)
+    assert (doc["entry"], doc["state"]) == (entry.url, "INCOMPLETE")
+    assert doc["reason"] == (
+        f"{url_of(place, 'good.zarr/c/0/0')} is 100 bytes, the entry {entry.url} recorded "
+        "3000" if damage == "truncated" else
+        f"{url_of(place, 'good.zarr/c/0/0')} is recorded in the entry {entry.url} with 3000 "
+        "bytes, and missing")
+    # A path neither there nor in the manifest is simply ABSENT.
+    assert run("status", place.url("good.zarr", "c", "9")).exit_code == 4
+
+
 def test_status_of_an_object_added_inside_an_entry_is_not_the_entrys(place: Place) -> None:
     entry = write_entry(place.url("good.zarr"), GOOD)
     place.write("good.zarr/c/9/9", b"added later")

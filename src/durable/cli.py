@@ -403,27 +403,41 @@ def status_doc(entry: Entry, st: Status, holder: Entry | None = None) -> dict[st
 
 
 def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
-    """For a path with data but no records of its own (an object or folder inside an
-    entry): the entry above it that holds it and the state to report, which is that
-    entry's if the path is in its manifest. None if no entry above it has a marker."""
-    if st.state is not State.INCOMPLETE or st.marker is not None:
+    """For a path with no records of its own (an object or folder inside an entry, or one
+    that should be): the entry above it that holds it, and the state to report. An object
+    its manifest lists is stat-ed (one request): missing or of another size, INCOMPLETE;
+    else, as a folder the manifest lists, the entry's own state. None if no entry above
+    it has a marker, or the path is absent and not in the manifest."""
+    if st.state is State.COMPLETE or st.marker is not None:
         return None
     parent = entry.path.rstrip("/").rpartition("/")[0]
     found = nearest_marked(entry.adapter, parent) if parent else None
-    if found is None:
+    if found is None or found[1].kind != "prefix":
         return None
     holder, marker, _ = found
     key = entry.path.rstrip("/")[len(holder.path.rstrip("/")) + 1:]
     assert marker.manifest is not None
     objects = marker.manifest.objects
-    if marker.kind == "prefix" and (key in objects or any(k.startswith(f"{key}/")
-                                                          for k in objects)):
-        held = holder.status()
-        return holder, Status(held.state, f"part of the entry {holder.url}, which is "
-                                          f"{held.state}: {held.reason}", held.marker)
-    return holder, Status(State.INCOMPLETE, f"inside the entry {holder.url} but not in its "
-                                            "manifest: not part of what it committed",
-                          marker)
+    if key in objects:
+        want = objects[key].size
+        info = entry.adapter.info(entry.path)
+        if info is None:
+            return holder, Status(State.INCOMPLETE, f"{entry.url} is recorded in the entry "
+                                                    f"{holder.url} with {want} bytes, and "
+                                                    "missing", marker)
+        if info.size != want:
+            return holder, Status(State.INCOMPLETE, f"{entry.url} is {info.size} bytes, the "
+                                                    f"entry {holder.url} recorded {want}",
+                                  marker)
+    elif not any(k.startswith(f"{key}/") for k in objects):
+        if st.state is State.ABSENT:
+            return None
+        return holder, Status(State.INCOMPLETE, f"inside the entry {holder.url} but not in "
+                                                "its manifest: not part of what it "
+                                                "committed", marker)
+    held = holder.status()
+    return holder, Status(held.state, f"part of the entry {holder.url}, which is "
+                                      f"{held.state}: {held.reason}", held.marker)
 
 
 @cli.command()
@@ -435,7 +449,8 @@ def status(ctx: click.Context, url: str, as_json: bool) -> None:
     """The state of the entry at URL: ABSENT, INCOMPLETE or COMPLETE, and why.
 
     URL inside an entry (one of its objects or folders): the state of that entry if URL is
-    in its manifest, INCOMPLETE if it is not."""
+    in its manifest (an object of it also stat-ed: INCOMPLETE if missing or of another
+    size), INCOMPLETE if it is not."""
     entry = _entry(ctx, url)
     st = entry.status()
     holder, st = _part_of(entry, st) or (None, st)
