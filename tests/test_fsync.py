@@ -242,6 +242,36 @@ def test_overwrite_drops_marker_durably_before_new_data(rec: RecordingOS, root: 
     assert any(removed < j < new_data for j in rec.fsyncs(f"{root}/.durable/ent"))
 
 
+TREE = {"zarr.json": b"{}", "a/zarr.json": b"{}", "a/c/0/0": b"chunk", "a/c/0/1": b"chunk",
+        "b/.zarray": b"{}", "b/.zattrs": b"{}", "b/0.0": b"chunk", "notes.txt": b"data"}
+
+
+@pytest.mark.parametrize("how", ["overwrite COMPLETE", "overwrite INCOMPLETE", "delete"])
+def test_a_removal_takes_what_readers_open_first_first(
+        rec: RecordingOS, root: str, how: str) -> None:
+    """Incident 001 in reverse: a removal killed part-way (an overwrite clearing the old
+    entry, a delete) must never leave zarr.json over missing chunks, which a plain zarr or
+    tensorstore reader opens and reads as fill values. Every metadata document goes
+    before any other object."""
+    e = Entry(f"{root}/ent")
+    with e.writing() as w:
+        for key, data in TREE.items():
+            w.write_bytes(key, data)
+    if how == "overwrite INCOMPLETE":
+        e.adapter.delete([e.layout.marker])  # a killed rewrite: no marker, data there
+    rec.events.clear()
+    if how == "delete":
+        e.delete()
+    else:
+        with e.writing(overwrite=True) as w:
+            w.write_bytes("new", b"new")
+    gone = [ev[1][len(root) + len("/ent/"):] for ev in rec.events
+            if ev[0] == "unlink" and ev[1].startswith(f"{root}/ent/")]
+    assert sorted(gone) == sorted(TREE)
+    metadata = {"zarr.json", "a/zarr.json", "b/.zarray", "b/.zattrs"}
+    assert set(gone[:len(metadata)]) == metadata, gone
+
+
 STRACE_SCRIPT = """
 import sys
 from durable import atomic_write

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
     from durable._lease import Lease
 
-__all__ = ["Entry", "EntryWriter", "Problem", "Status", "VerifyReport", "nearest_marked"]
+__all__ = ["OPENED_FIRST", "Entry", "EntryWriter", "Problem", "Status", "VerifyReport",
+           "delete_tree", "nearest_marked"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -449,12 +450,14 @@ class Entry:
         return self._write_marker(Marker.new(kind, new_attempt_id(), Manifest(records)))
 
     def delete(self) -> None:
-        """Remove the entry: marker first, so a half-deleted entry is never COMPLETE."""
+        """Remove the entry: marker first, so a half-deleted entry is never COMPLETE; then
+        the documents readers open first (`OPENED_FIRST`), so a plain reader never opens
+        a half-deleted tree; then the rest."""
         self.adapter.delete([self.layout.marker])
         if self.adapter.info(self.path) is not None:
             self.adapter.delete([self.path])
         else:
-            self.adapter.delete_prefix(self.path)
+            delete_tree(self.adapter, self.path)
         self.adapter.delete_prefix(self.layout.records)
 
     # writing -----------------------------------------------------------------------------
@@ -602,7 +605,7 @@ class Entry:
             if not overwrite:
                 raise AlreadyCompleteError(f"{self.url} is already COMPLETE ({st.reason})",
                                            url=self.url)
-            self._clear(keep_lease)
+            self._clear(keep_lease, st.marker)
         elif st.state is State.INCOMPLETE:
             if overwrite:
                 self._clear(keep_lease)
@@ -616,10 +619,13 @@ class Entry:
                     "resume=True", url=self.url)
         return True, {}, {}
 
-    def _clear(self, keep_lease: bool = False) -> None:
+    def _clear(self, keep_lease: bool = False, marker: Marker | None = None) -> None:
+        """Remove the entry's data and records for a writer starting over it. ``marker``:
+        the entry's, if it was read: its manifest names the documents to remove first."""
         # Marker first: from here on nobody can take this entry for COMPLETE.
         self.adapter.delete([self.layout.marker])
-        self.adapter.delete_prefix(self.path)
+        delete_tree(self.adapter, self.path, None if marker is None or marker.manifest is None
+                    else list(marker.manifest.objects))
         self._clear_records(keep_lease)
 
     def _is_lease_key(self, key: str) -> bool:
@@ -1001,6 +1007,25 @@ def _report_error(report: VerifyReport) -> IntegrityError:
     return IntegrityError(
         f"{report.url}: {len(report.problems)} of {report.objects} objects do not match the "
         f"manifest: {shown}{tail}", url=first.url, expected=first.expected, found=first.found)
+
+
+#: Documents a reader opens before any other object of a tree: zarr v3's and v2's (which
+#: tensorstore and xarray read too). A removal takes them first, so one killed part-way
+#: leaves a tree no plain reader opens, never an array whose missing chunks read as fill
+#: values (incident 001).
+OPENED_FIRST = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+
+
+def delete_tree(adapter: Adapter, path: str, keys: list[str] | None = None) -> None:
+    """Remove every object below ``path``: first those named in `OPENED_FIRST`, found
+    among ``keys`` (relative to ``path``: a manifest's, where one was read) or by a
+    listing, in one request where the store deletes in batches; then the rest."""
+    if keys is None:
+        keys = list(adapter.list(path))
+    first = [f"{path}/{k}" for k in keys if k.rpartition("/")[2] in OPENED_FIRST]
+    if first:
+        adapter.delete(first)
+    adapter.delete_prefix(path)
 
 
 def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | None:

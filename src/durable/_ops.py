@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from durable._checksum import crc_to_hex
-from durable._entry import Entry, Problem, VerifyReport, read_object_checksum
+from durable._entry import (
+    OPENED_FIRST,
+    Entry,
+    Problem,
+    VerifyReport,
+    delete_tree,
+    read_object_checksum,
+)
 from durable._errors import (
     AlreadyCompleteError,
     DurableError,
@@ -755,9 +762,11 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
             item.status, item.detail = "skipped", f"checked again: {why}"
             return
         if paths:
+            # What readers open first, first (in the first batch): see OPENED_FIRST.
+            paths.sort(key=lambda p: p.rpartition("/")[2] not in OPENED_FIRST)
             a.delete(paths)
     else:
-        a.delete_prefix(path)
+        delete_tree(a, path)  # what readers open first, first
     if a.info(layout.marker) is not None:
         # A writer committed while its data was being removed: its marker stays, so the
         # entry reads INCOMPLETE (data gone), never COMPLETE over nothing, and never vanishes
