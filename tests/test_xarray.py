@@ -8,6 +8,7 @@ on the store), and what is on the store is read around durable.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -212,6 +213,40 @@ def test_worker_killed_and_its_task_retried_still_commits_whole(client: Any,
     assert entry.verify(deep=True).ok
     xr.testing.assert_identical(dx.open_zarr(url, storage_options=options).load(),
                                 dataset().load())
+
+
+def _fail_first_block_late_blocks(x: Any, block_info: Any = None) -> Any:
+    """Block 0 fails at once; the others are still running when the write has failed."""
+    import time
+
+    if block_info[0]["chunk-location"][0] == 0:
+        raise RuntimeError("block 0 failed")
+    time.sleep(1.5)
+    return x
+
+
+@pytest.mark.slow
+def test_a_failed_cluster_write_stops_its_running_tasks_before_the_retry(
+        client: Any, tmp_path: Any) -> None:
+    """dask cancels the tasks of a failed compute that have not started, not those that
+    run. They used to write their chunks after the block's cleanup, over the chunks of the
+    retry the guide advises, after its commit: COMPLETE, with another attempt's chunks in
+    it (a plain reader saw them, durable's reads failed their CRC32C). The failed block now
+    refuses every later write of its attempt on every worker before it cleans up."""
+    url = os.path.join(os.path.realpath(tmp_path), "retried.zarr")
+    old = da.full((40, 10), 1.0, chunks=(10, 10)).map_blocks(_fail_first_block_late_blocks,
+                                                             dtype="float64")
+    with pytest.raises(RuntimeError, match="block 0 failed"), \
+            dz.writing(url) as store:
+        array = zarr.create_array(store, shape=(40, 10), chunks=(10, 10), dtype="float64")
+        da.store(old, array, lock=False)
+    with dz.writing(url, overwrite=True) as store:
+        array = zarr.create_array(store, shape=(40, 10), chunks=(10, 10), dtype="float64")
+        da.store(da.full((40, 10), 2.0, chunks=(10, 10)), array, lock=False)
+    time.sleep(2.5)  # the failed attempt's tasks have all finished by now
+    assert (zarr.open_array(url, mode="r")[...] == 2.0).all()  # a plain reader
+    assert Entry(url).verify(deep=True).ok
+    assert (dz.open(url)[...] == 2.0).all()
 
 
 def _allowed_failures(value: int, dask_scheduler: Any = None) -> int:

@@ -40,6 +40,7 @@ import os
 import re
 import sys
 import threading
+import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -107,6 +108,84 @@ def _recorder_for(url: str, storage_options: dict[str, Any], attempt: str) -> Re
         if rec is None:
             rec = _FRAGMENTS[(url, attempt)] = FragmentRecorder(url, storage_options, attempt)
         return rec
+
+
+# Attempts declared over in this process, and the store writes of each still under way:
+# a failed block stops its own tasks still running elsewhere (`end_attempt`) before its
+# cleanup, so that none of their chunks lands after it (into nothing, or into the entry of
+# the retry that follows, over that retry's commit).
+_ENDED: set[str] = set()
+_UNDER_WAY: dict[str, int] = {}
+_UNDER_WAY_LOCK = threading.Lock()
+_END_WAIT = 120.0  # longest wait for one store write of an ended attempt to finish
+
+
+@contextlib.contextmanager
+def _writing_for(attempt: str, url: str) -> Iterator[None]:
+    """One store write of ``attempt``: refused once the attempt is over, counted while it
+    runs (checked and counted under one lock: no write slips between the two)."""
+    with _UNDER_WAY_LOCK:
+        if attempt in _ENDED:
+            raise ValueError(f"{url}: attempt {attempt} is over (its writing() block "
+                             "failed): this task's write is refused, not left to land "
+                             "after the cleanup")
+        _UNDER_WAY[attempt] = _UNDER_WAY.get(attempt, 0) + 1
+    try:
+        yield
+    finally:
+        with _UNDER_WAY_LOCK:
+            left = _UNDER_WAY[attempt] - 1
+            if left:
+                _UNDER_WAY[attempt] = left
+            else:
+                del _UNDER_WAY[attempt]
+
+
+def end_attempt(attempt: str, timeout: float = _END_WAIT) -> int:
+    """Refuse every later store write of ``attempt`` in this process, and wait (at most
+    ``timeout`` seconds) for those under way; returns how many were still under way."""
+    with _UNDER_WAY_LOCK:
+        _ENDED.add(attempt)
+    deadline = time.monotonic() + timeout
+    while True:
+        with _UNDER_WAY_LOCK:
+            left = _UNDER_WAY.get(attempt, 0)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.005)
+
+
+async def _end_attempt_on_worker(attempt: str, timeout: float) -> int:
+    # On the worker's event loop (`Client.run`): polls without blocking it.
+    with _UNDER_WAY_LOCK:
+        _ENDED.add(attempt)
+    deadline = time.monotonic() + timeout
+    while True:
+        with _UNDER_WAY_LOCK:
+            left = _UNDER_WAY.get(attempt, 0)
+        if not left or time.monotonic() > deadline:
+            return left
+        await asyncio.sleep(0.005)
+
+
+def end_attempt_everywhere(attempt: str) -> None:
+    """`end_attempt` here (threads of this process) and on every worker of the current
+    `distributed` client: after a failure, tasks of the attempt still running (dask
+    cancels those not started, not those running) write nothing more, and the writes they
+    had under way have landed, so the cleanup that follows removes them."""
+    end_attempt(attempt)
+    if "distributed" not in sys.modules:
+        return
+    from distributed import default_client
+
+    try:
+        client = default_client()  # type: ignore[no-untyped-call]
+    except ValueError:
+        return  # no client: nothing ran elsewhere
+    if client.status != "running":
+        return
+    with contextlib.suppress(Exception):  # a worker lost: it writes nothing more anyway
+        client.run(_end_attempt_on_worker, attempt, _END_WAIT)
 
 
 def flush_fragments() -> int:
@@ -258,10 +337,12 @@ class WritingStore(WrapperStore[Store]):
     async def set(self, key: str, value: Buffer) -> None:
         self._check_open()
         if is_metadata(key):
-            await self._stage(key, value.to_bytes())
+            with _writing_for(self._attempt, self._url):
+                await self._stage(key, value.to_bytes())
             return
         size, crc = await _crc(value)
-        await self._store.set(key, value)
+        with _writing_for(self._attempt, self._url):
+            await self._store.set(key, value)
         # Recorded only once the store accepted the bytes: a failed set records nothing.
         self._recorder.record(key, size, crc)
 
@@ -276,10 +357,11 @@ class WritingStore(WrapperStore[Store]):
     async def delete(self, key: str) -> None:
         # zarr deletes chunks equal to the fill value and chunks a resize cut off.
         self._check_open()
-        if is_metadata(key) and self._staged.forget(key):
-            with self._staging_changes(key):
-                await self._staging.delete(key)
-        await self._store.delete(key)
+        with _writing_for(self._attempt, self._url):
+            if is_metadata(key) and self._staged.forget(key):
+                with self._staging_changes(key):
+                    await self._staging.delete(key)
+            await self._store.delete(key)
         self._recorder.forget(key)
 
     async def delete_dir(self, prefix: str) -> None:
@@ -608,7 +690,12 @@ def coordinating(entry: Entry, writer: EntryWriter, *,
             entry.adapter.delete_prefix(f"{entry.layout.records}/{STAGING}")
         if hide:
             store.hide_metadata()
-        yield store
+        try:
+            yield store
+        except BaseException:
+            # Before the cleanup: tasks of this attempt still running write nothing more.
+            end_attempt_everywhere(writer.attempt)
+            raise
         flush_workers()
         store.publish(writer, sole_writer=sole_writer)
     finally:
