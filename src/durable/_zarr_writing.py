@@ -156,16 +156,8 @@ def end_attempt(attempt: str, timeout: float = _END_WAIT) -> int:
 
 
 async def _end_attempt_on_worker(attempt: str, timeout: float) -> int:
-    # On the worker's event loop (`Client.run`): polls without blocking it.
-    with _UNDER_WAY_LOCK:
-        _ENDED.add(attempt)
-    deadline = time.monotonic() + timeout
-    while True:
-        with _UNDER_WAY_LOCK:
-            left = _UNDER_WAY.get(attempt, 0)
-        if not left or time.monotonic() > deadline:
-            return left
-        await asyncio.sleep(0.005)
+    # On the worker's event loop (`Client.run`): the wait runs in a thread, not on it.
+    return await asyncio.to_thread(end_attempt, attempt, timeout)
 
 
 def end_attempt_everywhere(attempt: str) -> None:
