@@ -701,6 +701,50 @@ def test_apply_clean_checks_again_before_removing(small: LocalStore, race: str) 
         assert dead.state() is State.COMPLETE
 
 
+@pytest.mark.parametrize("race", [None, "marker removed"])
+def test_clean_removes_attempt_records_left_beside_a_marker(small: LocalStore,
+                                                          race: str | None) -> None:
+    """A writer killed after its marker, before the removal of its attempt record (a
+    background thread on object stores), or a loser killed before removing its own:
+    protocol.md says clean removes such records. Only those records, never while their
+    marker is gone (a rewrite at work), and the entry stays COMPLETE."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+
+    done = Entry(small.url("done.zarr"))
+    marker = done.read_marker()
+    assert marker is not None
+    loser = "0123456789abcdef0123456789abcdef"
+    spent = [f".durable/done.zarr/attempts/{marker.attempt}.json",
+             f".durable/done.zarr/attempts/{loser}.json",
+             f".durable/done.zarr/fragments/{loser}/f-0.json"]
+    for rel in spent:
+        small.write(rel, b"{}")
+    small.set_mtime(".durable/done.zarr", time.time() - 3 * 86400)
+    data = {k: v for k, v in small.snapshot().items() if k.startswith("done.zarr/")}
+    sv = survey_of(small)
+    young = plan_clean(sv, older_than=4 * 86400, lease_wait=10, sleep=Heartbeat(small))
+    assert not [i for i in young.items if i.kind == "spent"]
+    assert any("done.zarr (records beside its marker)" in k.url and "younger" in k.reason
+               for k in young.kept)
+    report = plan_clean(sv, older_than=3600, lease_wait=10, sleep=Heartbeat(small))
+    (item,) = [i for i in report.items if i.kind == "spent"]
+    assert (item.url, item.objects) == (done.url, 3)
+    if race:
+        os.remove(os.path.join(small.root, ".durable", "done.zarr", "commit.json"))
+    apply_clean(sv, report)
+    after = small.snapshot()
+    if race:
+        assert (item.status, item.detail) == ("skipped", "its marker is gone since the plan")
+        assert all(rel in after for rel in spent)
+        return
+    assert item.status == "removed"
+    assert not any(rel in after for rel in spent)
+    assert ".durable/done.zarr/commit.json" in after
+    assert {k: v for k, v in after.items() if k.startswith("done.zarr/")} == data
+    assert done.state() is State.COMPLETE and done.verify(deep=True).ok
+
+
 def test_mark_complete_checks_again_before_adopting(small: LocalStore) -> None:
     """A writer that takes a lease on unmarked data after the survey keeps it from adoption
     (Entry.mark_complete itself refuses a started writer, not a lease)."""

@@ -40,7 +40,7 @@ from durable._errors import (
     IncompleteError,
     IncompleteExistsError,
 )
-from durable._protocol import RECORDS_DIR, Marker, ObjectRecord, carries_record
+from durable._protocol import MARKER_NAME, RECORDS_DIR, Marker, ObjectRecord, carries_record
 from durable._scan import (
     LEASE_NAME,
     AgeClock,
@@ -416,14 +416,15 @@ def _holds_recorded(sv: Survey, f: EntryFound) -> str:
 
 
 # clean ----------------------------------------------------------------------------------
-CleanKind = Literal["entry", "records", "temp", "upload"]
+CleanKind = Literal["entry", "records", "spent", "temp", "upload"]
 CleanStatus = Literal["planned", "removed", "skipped", "failed"]
 
 
 @dataclass
 class CleanItem:
-    """One thing `clean` removes (or would): an entry, its orphan records, a temp file, an
-    upload; ``status`` and ``detail`` say what became of it."""
+    """One thing `clean` removes (or would): an entry, its orphan records, the records
+    of spent attempts beside a marker, a temp file, an upload; ``status`` and ``detail``
+    say what became of it."""
 
     kind: CleanKind
     url: str
@@ -630,6 +631,31 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         items.append(CleanItem(kind, url, reason, age, f.objects, f.size, key=key,
                                expect={k: i.version for k, i in f.records.items()}))
 
+    for key, f in sorted(sv.entries.items()):
+        # Attempt records (and their fragments) left beside a marker: the committing
+        # writer's, whose removal after the marker (housekeeping, on a thread) a kill cut
+        # short, or a loser's killed before it removed its own. The marker decides the
+        # entry's state; these only clutter it. Nothing else of the entry is touched.
+        if f.marker is None or not f.attempts:
+            continue
+        ids = [name.removesuffix(".json") for name in f.attempts]
+        spent = {k: i for k, i in f.records.items() if k.startswith("attempts/")
+                 or any(k.startswith(f"fragments/{a}/") for a in ids)}
+        url = sv.url(key)
+        times = [i.modified for i in spent.values() if i.modified is not None]
+        age = age_since(max(times)) if len(times) == len(spent) else None
+        state = states.get(key)
+        why = ((state[1] if state is not None and state[0] != "stale" else None)
+               or old(age, "last written (store's clock)"))
+        if why is not None:
+            kept.append(Skipped(f"{url} (records beside its marker)", why))
+            continue
+        assert age is not None
+        items.append(CleanItem("spent", url, f"{len(f.attempts)} attempt records left beside "
+                                             f"its marker, last written {fmt_age(age)} ago",
+                               age, len(spent), sum(i.size for i in spent.values()), key=key,
+                               expect={k: i.version for k, i in spent.items()}))
+
     for tkey, info in sorted(sv.temps.items()):
         owners = sv.owners(tkey)
         if started & set(owners):
@@ -729,6 +755,19 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         return
     layout = sv.layout(item.key)
     path = sv.entry_path(item.key)
+    if item.kind == "spent":
+        # Only the records planned, only while the marker they sit beside is still there
+        # (gone: a writer is rewriting the entry) and each is as it was listed.
+        listed = a.list(layout.records)
+        if MARKER_NAME not in listed:
+            item.status, item.detail = "skipped", "its marker is gone since the plan"
+            return
+        if any(k not in listed or listed[k].version != v for k, v in item.expect.items()):
+            item.status, item.detail = "skipped", "its records changed since the plan"
+            return
+        a.delete([listed[k].path for k in item.expect])
+        item.status = "removed"
+        return
     # Marker first: an entry committed since the plan is never touched. `exists`, not
     # `info`: anything at the marker's path (on a local disk a symlink or a directory,
     # which `info` calls no object and a listing skips) keeps the entry too.

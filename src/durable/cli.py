@@ -834,6 +834,7 @@ def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
     - INCOMPLETE entries a durable writer started (attempt records, a lease, other
       records) and never committed, with no live lease: data and records;
     - records whose entry's data is gone, with no marker;
+    - attempt records (and their fragments) left beside a marker: only those records;
     - temp files of atomic writes (.NAME.durable-tmp-*), inside committed entries too
       (no manifest lists one);
     - uploads never completed: S3 multipart uploads, Azure blobs of uncommitted blocks
