@@ -386,6 +386,27 @@ def test_corrupt_marker_is_one_line_error_and_debug_shows_it(place: Place) -> No
     assert isinstance(debug.exception, MarkerError)
 
 
+def test_a_client_librarys_own_traceback_is_shown_only_with_debug(
+        place: Place, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """gcsfs logs an error with its traceback ("_request out of retries") before raising
+    it: 50 lines on stderr before durable's one-line error. Kept only with --debug."""
+    import logging
+
+    def unreachable(self: Entry) -> Any:
+        try:
+            raise ConnectionError("Cannot connect to host 127.0.0.1:9")
+        except ConnectionError:
+            logging.getLogger("gcsfs").exception("_request out of retries on exception")
+            raise
+
+    monkeypatch.setattr(Entry, "status", unreachable)
+    result = run("status", place.url("e"))
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert "Cannot connect" in result.stderr and not caplog.records
+    CliRunner().invoke(cli, ["--debug", "status", place.url("e")])
+    assert [r.getMessage() for r in caplog.records] == ["_request out of retries on exception"]
+
+
 def test_usage_errors_exit_2(place: Place) -> None:
     assert run("status").exit_code == 2
     assert run("-o", "novalue", "status", place.url("e")).exit_code == 2

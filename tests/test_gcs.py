@@ -269,6 +269,15 @@ def test_object_stored_corrupt_is_removed(proxied: tuple[Bucket, FaultProxy]) ->
 
 
 # ---------------------------------------------------------------------------- create-only
+def test_a_listing_of_a_missing_bucket_names_it(gcs: Bucket) -> None:
+    """gcsfs's own error is "b/NAME/o", which names neither the URL nor the bucket."""
+    a = adapter(gcs)
+    with pytest.raises(FileNotFoundError,
+                       match=r"^gs://no-such-bucket-x/p: no such bucket 'no-such-bucket-x'$"):
+        a.list("no-such-bucket-x/p")
+    assert a.list(f"{gcs.name}/no-such-prefix") == {}  # an empty prefix is no error
+
+
 def test_create_only_race_has_exactly_one_winner(fake_gcs_bucket: Bucket) -> None:
     a = adapter(fake_gcs_bucket)
     for round_ in range(20):

@@ -110,6 +110,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import sys
@@ -304,8 +305,20 @@ def _age_option(ctx: click.Context, param: click.Parameter, value: str) -> float
 
 
 # errors ---------------------------------------------------------------------------------
+#: Client libraries that log an error's traceback themselves (gcsfs: "_request out of
+#: retries") before raising it: shown only with --debug, else the error is one line.
+_CHATTY = ("gcsfs", "s3fs", "aiobotocore", "botocore", "adlfs", "azure", "urllib3", "fsspec")
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
+        # Judged as each record comes: --debug is parsed after this point.
+        def shown(record: logging.LogRecord) -> bool:
+            return bool(ctx.meta.get("durable.debug"))
+
+        loggers = [logging.getLogger(name) for name in _CHATTY]
+        for logger in loggers:
+            logger.addFilter(shown)
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit,
@@ -315,6 +328,9 @@ class _Group(click.Group):
             if ctx.meta.get("durable.debug"):
                 raise
             _fail(exc)
+        finally:
+            for logger in loggers:
+                logger.removeFilter(shown)
 
 
 def _fail(exc: Exception) -> NoReturn:

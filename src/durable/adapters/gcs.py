@@ -396,8 +396,13 @@ class GCSAdapter(Adapter):
         out: dict[str, ObjectInfo] = {}
         token = None
         while True:
-            page = self.fs.call("GET", "b/{}/o", bucket, json_out=True, prefix=key,
-                                pageToken=token, maxResults=limit or 1000)
+            try:
+                page = self.fs.call("GET", "b/{}/o", bucket, json_out=True, prefix=key,
+                                    pageToken=token, maxResults=limit or 1000)
+            except FileNotFoundError:
+                # gcsfs says "b/NAME/o": a listing finds no objects, it fails on no bucket
+                raise FileNotFoundError(f"{self.url(prefix)}: no such bucket "
+                                        f"{bucket!r}") from None
             for item in page.get("items", []):
                 name = item["name"]
                 if name.endswith("/"):
