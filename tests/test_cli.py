@@ -155,6 +155,9 @@ def test_nothing_is_an_entry_inside_a_records_dir(place: Place) -> None:
         assert refused.exit_code == 2, (cmd, refused.output)
         assert ("records directory (.durable)" if cmd != "status" else "cannot be an entry") \
             in refused.output
+    # Nor a path inside one (it answered INCOMPLETE, exit 3).
+    for cmd in ("status", "verify"):
+        assert run(cmd, place.url(".durable", "ok")).exit_code == 2
     place.write(".durable/.durable/notes.txt/commit.json", b"{}")  # another tool's
     rows = scan(place.url())
     assert [(r.url, r.state) for r in rows] == [(url_of(place, "ok"), "COMPLETE")]

@@ -250,10 +250,12 @@ def storage_options(ctx: click.Context) -> dict[str, Any]:
 
 def _entry(ctx: click.Context, url: str) -> Entry:
     try:
-        return Entry(url, storage_options=storage_options(ctx))
+        entry = Entry(url, storage_options=storage_options(ctx))
     except ValueError as exc:
         # An unknown protocol, or a path with no parent to hold a marker: a bad argument.
         raise click.BadParameter(str(exc), ctx, param_hint="URL") from None
+    _refuse_records(ctx, entry.adapter, entry.path, "URL")
+    return entry
 
 
 def _committed_ancestor(adapter: Adapter, path: str) -> str | None:
@@ -275,14 +277,19 @@ def _resolve(ctx: click.Context, url: str, hint: str = "ROOT") -> tuple[Adapter,
         adapter, path = resolve(url, storage_options(ctx))
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param_hint=hint) from None
+    _refuse_records(ctx, adapter, path, hint)
+    return adapter, path
+
+
+def _refuse_records(ctx: click.Context, adapter: Adapter, path: str, hint: str) -> None:
     if RECORDS_DIR in path.rstrip("/").split("/"):
         # Markers, attempt records and leases: durable's own, never data or an entry to
-        # scan, adopt or clean (give the directory that holds the records dir).
+        # scan, adopt, clean or ask the state of (give the directory that holds the
+        # records dir).
         raise click.BadParameter(
             f"{adapter.url(path)} is in a records directory ({RECORDS_DIR}), durable's "
             "own: give the directory that holds it, or the entry itself", ctx,
             param_hint=hint)
-    return adapter, path
 
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
