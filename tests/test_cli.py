@@ -324,6 +324,11 @@ def test_status_of_a_path_inside_an_entry_is_that_entrys(place: Place, member: s
     assert doc["marker"]["objects"] == len(GOOD)
     table = run("status", place.url(*member.split("/")))
     assert table.exit_code == 0 and f"entry         {entry.url}" in table.stdout
+    # verify checks entries, not parts of them: it says which entry to verify.
+    checked = run("verify", place.url(*member.split("/")), "--json")
+    assert checked.exit_code == 3
+    assert f"it lies inside the entry {entry.url}: verify that entry" in as_json(
+        checked)["reason"]
     # Once the entry has lost data, so has the path inside it.
     place.remove_tree("good.zarr/c")
     lost = run("status", place.url("good.zarr", "zarr.json"), "--json")

@@ -573,12 +573,18 @@ def verify(ctx: click.Context, url: str, deep: bool, as_json: bool, workers: int
             report = entry.verify(deep, raise_errors=False)
     except IncompleteError as exc:
         state = exc.state if isinstance(exc.state, State) else State.INCOMPLETE
+        reason = str(exc)
+        part = _part_of(entry, entry.status())
+        if part is not None:
+            # An object or folder of an entry: `status` answers for it, `verify` does not.
+            reason += (f"; it lies inside the entry {part[0].url}: verify that entry, or "
+                       "read the object with durable.read_verified")
         doc = {"url": entry.url, "deep": deep, "ok": False, "state": state.value,
-               "reason": str(exc), "objects": 0, "bytes_checked": 0, "problems": []}
+               "reason": reason, "objects": 0, "bytes_checked": 0, "problems": []}
         if as_json:
             _emit_json(doc)
         else:
-            _console().print(_state_text(state.value), Text(f"not verified: {exc}"))
+            _console().print(_state_text(state.value), Text(f"not verified: {reason}"))
         ctx.exit(_STATE_EXIT[state])
     doc = verify_doc(report)
     if as_json:
