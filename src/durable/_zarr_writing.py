@@ -166,18 +166,23 @@ def end_attempt_everywhere(attempt: str) -> None:
     cancels those not started, not those running) write nothing more, and the writes they
     had under way have landed, so the cleanup that follows removes them."""
     end_attempt(attempt)
+    client = _running_client()
+    if client is not None:
+        with contextlib.suppress(Exception):  # a worker lost: it writes nothing more anyway
+            client.run(_end_attempt_on_worker, attempt, _END_WAIT)
+
+
+def _running_client() -> Any:
+    """The current `distributed` client if one is running; None: nothing ran elsewhere."""
     if "distributed" not in sys.modules:
-        return
+        return None
     from distributed import default_client
 
     try:
         client = default_client()  # type: ignore[no-untyped-call]
     except ValueError:
-        return  # no client: nothing ran elsewhere
-    if client.status != "running":
-        return
-    with contextlib.suppress(Exception):  # a worker lost: it writes nothing more anyway
-        client.run(_end_attempt_on_worker, attempt, _END_WAIT)
+        return None
+    return client if client.status == "running" else None
 
 
 def flush_fragments() -> int:
@@ -197,15 +202,8 @@ def flush_fragments() -> int:
 
 def flush_workers() -> None:
     """`flush_fragments` on every worker of the current `distributed` client, if any."""
-    if "distributed" not in sys.modules:
-        return
-    from distributed import default_client
-
-    try:
-        client = default_client()  # type: ignore[no-untyped-call]
-    except ValueError:
-        return  # no client: nothing ran elsewhere
-    if client.status != "running":
+    client = _running_client()
+    if client is None:
         return
     try:
         client.run(flush_fragments)
