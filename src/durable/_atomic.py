@@ -110,8 +110,8 @@ def publish(adapter: Adapter, raw: AtomicFile, path: str, layout: Layout | None,
         if create_only and adapter.info(path) is not None:
             # Refused before the marker is touched: a refused create must leave the
             # existing object COMPLETE, not strip its record.
-            raise FileExistsError(f"{adapter.url(path)} exists (atomic_write mode {mode!r} "
-                                  "only creates)")
+            raise FileExistsError(f"{adapter.url(path)} exists (mode {mode!r} only "
+                                  "creates)")
         marker = own = None
         if record:
             marker = Marker.new("object", new_attempt_id(), Manifest(
