@@ -394,6 +394,20 @@ def test_corrupt_marker_is_one_line_error_and_debug_shows_it(place: Place) -> No
     assert isinstance(debug.exception, MarkerError)
 
 
+def test_a_directory_at_the_markers_path_is_an_error_row_never_cleaned(
+        tmp_path: os.PathLike[str]) -> None:
+    place = Place("file", os.path.realpath(tmp_path))
+    entry = write_entry(place.url("e"), GOOD)
+    os.remove(os.path.join(place.root, ".durable", "e", "commit.json"))
+    place.write(".durable/e/commit.json/x", b"what a tool left")
+    rows = {r.url: r for r in scan(place.url())}
+    row = rows[entry.url]
+    assert row.state == "ERROR" and "commit.json is a directory, not a file" in row.reason
+    cleaned = as_json(run("clean", place.url(), "--older-than", "0s", "--apply", "--json"))
+    assert cleaned["items"] == []
+    assert all(place.read(f"e/{k}") == v for k, v in GOOD.items())
+
+
 def test_a_client_librarys_own_traceback_is_shown_only_with_debug(
         place: Place, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """gcsfs logs an error with its traceback ("_request out of retries") before raising

@@ -357,7 +357,10 @@ def survey(adapter: Adapter, path: str, *,
 
 def _add_record(found: EntryFound, rest: list[str], info: ObjectInfo) -> None:
     found.records["/".join(rest)] = info
-    if rest == [MARKER_NAME]:
+    if rest == [MARKER_NAME] or (rest[0] == MARKER_NAME and found.marker is None):
+        # Objects below the marker's path (a directory named commit.json holding files)
+        # count as a marker too: read, it is an error naming what is there (an ERROR row),
+        # and nothing with one is cleaned or adopted.
         found.marker = info
     elif rest == [LEASE_NAME]:
         found.lease = info
