@@ -159,7 +159,9 @@ class TensorStoreWriter:
         full: dict[str, Any] = {"driver": "zarr3", **(spec or {})}
         if "kvstore" in full or "kvstore" in kwargs:
             raise ValueError(f"{self.url}: the kvstore is the entry's; do not pass one")
-        if checksum_codec and self._creates(path, kwargs):
+        # The crc32c codec is zarr v3's: a zarr v2 array (tensorstore's "zarr" driver) has
+        # no such codec, and merging it failed the create with tensorstore's own error.
+        if checksum_codec and full["driver"] == "zarr3" and self._creates(path, kwargs):
             checksummed(full, kwargs)
         # The file driver's fsync per file and directory is left to durable: `write`
         # starts each chunk's as it lands, and the commit fsyncs what is left and every
@@ -826,6 +828,11 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
         marker, seen = _read_marker(place, ctx)
         if marker is None:
             st = entry.status()
+            if st.state is State.COMPLETE:
+                # Committed between the marker read and this status (a rewrite landing).
+                raise IncompleteError(f"{entry.url} was rewritten while it was being "
+                                      "opened (no commit at the open, one now); open it "
+                                      "again", url=entry.url, state=State.INCOMPLETE)
             raise IncompleteError(f"{entry.url} is {st.state}: {st.reason}; only a "
                                   "COMPLETE entry opens", url=entry.url, state=st.state)
         if marker.kind != "prefix":
