@@ -834,13 +834,35 @@ def test_a_streamed_write_that_fails_leaves_no_chunk_behind(
                      path=r"/arr/c/0/0$", times=1)
         proxy.inject("delay", seconds=0.5, method="PUT", path=r"/arr/c/(0/[12]|[1-9]/\d)$")
         opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
-        with pytest.raises(ValueError, match=r"PERMISSION_DENIED"):
+        with pytest.raises(ValueError, match=r"PERMISSION_DENIED") as failed:
             dts.write(url, values(40), chunks=[10, 10], storage_options=opts,
                       checksum_codec=codec)
+        assert "arr/c/0/0" in str(failed.value)  # the error names the chunk refused
         assert proxy.count(method="PUT", path=r"/arr/c/\d+/\d+$") >= 3
     fs = s3_bucket.filesystem()
     fs.invalidate_cache()
     assert fs.find(url[5:]) == []
+    assert dts.entry_for(url, s3_bucket.storage_options).state() is State.ABSENT
+
+
+def test_a_chunk_put_refused_in_a_streamed_write_is_named(s3_bucket: Bucket) -> None:
+    """AWS's 403 document names no key (no <Resource>): tensorstore's error for a chunk
+    `_stream` puts (a compressed array) said only "AccessDenied: Access Denied"."""
+    from durable.testing.faults._kinds import Error, RequestInfo, s3_error_document
+
+    class AwsDenied(Error):
+        def document(self, info: RequestInfo, request_id: str) -> bytes:
+            return s3_error_document("AccessDenied", "Access Denied", request_id=request_id)
+
+    zstd = {"metadata": {"codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                    {"name": "zstd", "configuration": {"level": 1}}]}}
+    url = s3_bucket.path("z")
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.add(AwsDenied(status=403, match=Match(methods="PUT", path=r"/z/c/1/1$"),
+                            times=1))
+        opts = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        with pytest.raises(ValueError, match=r"z/c/1/1: writing this chunk of s3://"):
+            dts.write(url, values(20), chunks=[10, 10], storage_options=opts, spec=zstd)
     assert dts.entry_for(url, s3_bucket.storage_options).state() is State.ABSENT
 
 

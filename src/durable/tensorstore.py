@@ -265,9 +265,9 @@ class TensorStoreWriter:
         row_bytes = max(1, values.nbytes // max(1, values.shape[0]))
         step = rows * max(1, _SLAB_BYTES // max(1, rows * row_bytes))
         mem, store = draft.kvstore, array.kvstore
-        in_flight: list[Any] = []
-        sent: list[Any] = []
-        with self._beside_metadata(lambda: [*in_flight, *sent]):
+        in_flight: list[tuple[str, Any]] = []  # (chunk key, its put's future)
+        sent: list[tuple[str, Any]] = []
+        with self._beside_metadata(lambda: [f for _, f in (*in_flight, *sent)]):
             for start in range(0, values.shape[0], step):
                 stop = min(start + step, values.shape[0])  # tensorstore does not clip
                 draft[start:stop].write(values[start:stop]).result()
@@ -280,15 +280,24 @@ class TensorStoreWriter:
                     self._writer.record(name, len(body), CRC32C_RESIDUE if residue and
                                         len(body) >= 4 else crc32c(body))
                     self._sent.add(name)
-                    sent.append(store.write(key, body))
+                    sent.append((name, store.write(key, body)))
                     mem.write(key, None).result()
-                for future in in_flight:
-                    future.result()  # the slab before: at most two held at once
+                for name, future in in_flight:
+                    self._answer(name, future)  # the slab before: at most two held at once
                 in_flight, sent = sent, []
-            for future in in_flight:
-                future.result()
+            for name, future in in_flight:
+                self._answer(name, future)
         self._streamed = True
         return True
+
+    def _answer(self, key: str, future: Any) -> None:
+        """Wait for the put of chunk ``key``; its failure names the chunk (tensorstore's
+        error for a compressed chunk's put named no object: "AccessDenied: ...")."""
+        try:
+            future.result()
+        except ValueError as exc:
+            url = self.entry.adapter.url(f"{self.entry.path}/{key}")
+            raise ValueError(f"{url}: writing this chunk of {self.url} failed: {exc}") from exc
 
     def _direct(self, array: ts.TensorStore, values: Any) -> bool:
         """Write ``values`` into ``array`` (created here, at the entry's root) through
