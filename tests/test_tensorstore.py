@@ -729,6 +729,23 @@ def test_a_commit_landing_between_the_marker_read_and_the_state_is_an_open_again
     assert (dts.open(url).read().result() == values(10)).all()
 
 
+def test_write_under_a_lease_commits_and_keeps_a_second_writer_out(tmp_path: Any) -> None:
+    """Under its own lease, write refused the entry (IncompleteExistsError naming the
+    lease) and writing(overwrite=True) removed the lease: neither took one."""
+    from durable import IncompleteExistsError, Lease
+
+    url = os.path.join(tmp_path, "arr")
+    with Lease(url) as lease:
+        dts.write(url, values(20), chunks=[10, 10], lease=lease)
+        with pytest.raises(IncompleteExistsError):  # another writer, a lease of its own
+            Lease(url).acquire()
+        with dts.writing(url, overwrite=True, lease=lease) as w:
+            w.write(w.open(create=True, dtype=ts.float32, shape=[20, COLS]), values(20, 5))
+        assert lease.held
+    assert (dts.open(url).read().result() == values(20, 5)).all()
+    assert dts.entry_for(url).verify(deep=True).ok
+
+
 def test_open_refuses_anything_but_complete(target: Target) -> None:
     url = target.url("arr")
     with pytest.raises(IncompleteError, match="ABSENT") as err:

@@ -70,6 +70,7 @@ import tensorstore as ts
 from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter, Problem
 from durable._errors import IncompleteError, IntegrityError, MarkerError
+from durable._lease import Lease
 from durable._protocol import MAX_MARKER_BYTES, Marker, State
 from durable._tensorstore_codecs import (
     CRC32C_RESIDUE,
@@ -472,10 +473,10 @@ class TensorStoreWriter:
 @contextlib.contextmanager
 def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
             context: ts.Context | None = None, overwrite: bool = False, update: bool = False,
-            resume: bool = False) -> Iterator[TensorStoreWriter]:
+            resume: bool = False, lease: Lease | None = None) -> Iterator[TensorStoreWriter]:
     """Write arrays into the entry at ``url``; commit when the block ends cleanly.
 
-    ``overwrite``, ``update`` and ``resume`` are those of `Entry.writing`: a rewrite
+    ``overwrite``, ``update``, ``resume`` and ``lease`` are those of `Entry.writing`: a rewrite
     (``overwrite=True``, or ``update=True`` to change a COMPLETE array in place) removes
     the marker before anything changes, so no reader opens the entry mid-rewrite. At the
     end of the block, every write passed to `TensorStoreWriter.track`/``write`` and every
@@ -498,7 +499,8 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
         log.warning("%s", etag_error(place, found, "only writes that need no conditional "
                                      "request can succeed"))
     try:
-        with place.entry.writing(overwrite=overwrite, update=update, resume=resume) as ew:
+        with place.entry.writing(overwrite=overwrite, update=update, resume=resume,
+                                 lease=lease) as ew:
             writer = TensorStoreWriter(place, ew, ctx)
             try:
                 yield writer
@@ -514,14 +516,16 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
 
 def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | None = None,
           storage_options: dict[str, Any] | None = None, context: ts.Context | None = None,
-          overwrite: bool = False, checksum_codec: bool = True, **kwargs: Any) -> Entry:
+          overwrite: bool = False, checksum_codec: bool = True, lease: Lease | None = None,
+          **kwargs: Any) -> Entry:
     """Create the array ``data`` (NumPy-like) at ``url`` and commit it; returns the Entry.
 
     Every chunk is stored, those all fill value too (tensorstore leaves them out unless
     told otherwise), so the commit holds every grid position and `open` reads the array
     with ``fill_missing_data_reads`` off: a chunk lost later is an error, never fill
     values. ``spec={"store_data_equal_to_fill_value": False}`` restores tensorstore's
-    default. ``kwargs`` go to `TensorStoreWriter.open`.
+    default. ``lease``: a `durable.Lease` held on the entry (`Entry.writing`). ``kwargs``
+    go to `TensorStoreWriter.open`.
     """
     import numpy as np
 
@@ -533,7 +537,7 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
     # (incident 001), and on a network the chunks' keys are known without a listing.
     kwargs["spec"] = {"store_data_equal_to_fill_value": True, **(kwargs.get("spec") or {})}
     with writing(url, storage_options=storage_options, context=context,
-                 overwrite=overwrite) as w:
+                 overwrite=overwrite, lease=lease) as w:
         remote = w._place.endpoint is not None
         w._hold_metadata = remote
         array = w.open(create=True, dtype=values.dtype, shape=values.shape,
