@@ -1385,3 +1385,20 @@ def test_gcs_emulator_generations_are_found_unusable(
         assert (got.read().result() == value).all()
     with pytest.raises(dts.UnusableETagError, match="answered generation '0'"):
         dts.open(t.url("arr"), storage_options=t.options, on_unusable_etags="error")
+
+
+def test_a_relative_path_is_the_one_under_the_current_directory(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Places of absolute local paths are kept between opens: a relative one must not be,
+    # or after a chdir it would name the array under the old directory.
+    for name, value in (("a", 1), ("b", 2)):
+        dts.write(str(tmp_path / name / "x"), np.full((4,), value, "int32"))
+    monkeypatch.chdir(tmp_path / "a")
+    assert dts.open("x").read().result().tolist() == [1] * 4
+    monkeypatch.chdir(tmp_path / "b")
+    assert dts.open("x").read().result().tolist() == [2] * 4
+    # The same absolute path after the entry is rewritten: the new commit, not the Place's
+    where = str(tmp_path / "a" / "x")
+    assert dts.open(where).read().result().tolist() == [1] * 4
+    dts.write(where, np.full((4,), 3, "int32"), overwrite=True)
+    assert dts.open(where).read().result().tolist() == [3] * 4

@@ -15,8 +15,10 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, BinaryIO
 
 import tensorstore as ts
@@ -267,6 +269,9 @@ class MemoryKvAdapter(Adapter):
 
 
 _MEMORY_ADAPTER: MemoryKvAdapter | None = None
+_PLACES: OrderedDict[str, Place] = OrderedDict()  # absolute local URL -> its Place
+_PLACES_LOCK = threading.Lock()
+_PLACES_MAX = 256
 
 
 def entry_for(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None,
@@ -291,6 +296,33 @@ class Place:
     @classmethod
     def of(cls, url: str | os.PathLike[str], storage_options: dict[str, Any] | None,
            ) -> Place:
+        text = os.fspath(url)
+        # An absolute local path names the same place whatever happens next (no cwd, no
+        # credentials, no process-wide endpoint): kept, it spares each open of a W1 array
+        # on file a fifth of durable's own time there (fsspec's path handling).
+        local = not storage_options and (text.startswith(("/", "file:///"))
+                                         and "::" not in text)
+        if local:
+            with _PLACES_LOCK:
+                known = _PLACES.get(text)
+                if known is not None:
+                    _PLACES.move_to_end(text)
+                    return known
+        place = cls._of(text, storage_options)
+        if local and place.spec["driver"] == "file":
+            with _PLACES_LOCK:
+                _PLACES[text] = place
+                if len(_PLACES) > _PLACES_MAX:
+                    _PLACES.popitem(last=False)
+        return place
+
+    @cached_property
+    def marker_url(self) -> str:
+        """The marker's URL: what errors name, and what `_DECODED` is keyed by."""
+        return self.entry.adapter.url(self.entry.layout.marker)
+
+    @classmethod
+    def _of(cls, url: str, storage_options: dict[str, Any] | None) -> Place:
         spec = kvstore_spec(url, storage_options)
         endpoint = None
         if spec["driver"] == "s3":

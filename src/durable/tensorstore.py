@@ -646,7 +646,7 @@ def _read_marker(place: Place, context: ts.Context) -> tuple[Marker | None, _See
     chunks, 0.1 ms for W1's 64). The same bytes are the same commit and manifest, so the
     cache cannot serve another commit's manifest, whatever happened in between.
     """
-    where = place.entry.adapter.url(place.entry.layout.marker)
+    where = place.marker_url
     try:
         data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
     except ValueError as exc:
@@ -832,7 +832,7 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
         # while the marker is, and the listing (an open's slowest request: it names every
         # object) too, unless the marker last seen here was checked against one already
         # (see below). A local one is CPU, not waiting: a thread would only add a hand-off.
-        seen_before = _last_seen(entry.adapter.url(entry.layout.marker))
+        seen_before = _last_seen(place.marker_url)
         listing = (pool.submit(entry.adapter.list, entry.path)
                    if remote and not deep and not (seen_before and seen_before.listed)
                    else None)
