@@ -24,7 +24,8 @@ from durable._errors import IntegrityError
 from durable.adapters.base import Adapter, ObjectInfo
 
 __all__ = ["CRC32C_RESIDUE", "array_metadata", "checksummed", "chunk_pattern", "every_chunk",
-           "grid_counts", "grid_keys", "is_codeword", "shard_crc", "shard_layout"]
+           "full_shard_size", "grid_counts", "grid_keys", "is_codeword", "shard_crc",
+           "shard_layout"]
 
 #: CRC-32C of any bytes followed by their own CRC-32C, little-endian (the zarr v3 ``crc32c``
 #: codec's layout): the whole-object checksum of every chunk whose last codec is crc32c.
@@ -167,6 +168,35 @@ def every_chunk(prefix: str, meta: dict[str, Any],
     if names != ["bytes", "crc32c"] or item is None or found is None or keys is None:
         return None
     return keys, found[0], math.prod(found[0]) * item + 4
+
+
+def full_shard_size(meta: dict[str, Any], at: tuple[int, ...]) -> int | None:
+    """The size of the shard at grid index ``at`` of the sharded array ``meta`` when it holds
+    every inner chunk inside the array's bounds (tensorstore writes none outside them), where
+    the codecs fix it: inner chunks of a fixed size (a fixed-size data type, ``bytes`` after
+    at most a ``transpose``, then ``crc32c``) and a crc32c index with an entry for every
+    inner position. A shard holding fewer (those left out as fill value) is smaller, so one
+    of this size holds them all. None for any other array."""
+    layout = shard_layout(meta)
+    if layout is None or len(meta["codecs"]) != 1:
+        return None
+    conf = meta["codecs"][-1].get("configuration") or {}
+    names = [_codec_name(c) for c in conf.get("codecs") or []]
+    if names and names[0] == "transpose":
+        names = names[1:]
+    item = _ITEM_BYTES.get(meta.get("data_type"))  # type: ignore[arg-type]
+    if names != ["bytes", "crc32c"] or item is None:
+        return None
+    try:
+        inner = [int(n) for n in conf["chunk_shape"]]
+        outer = [int(n) for n in meta["chunk_grid"]["configuration"]["chunk_shape"]]
+        shape = [int(n) for n in meta["shape"]]
+        # Inner chunks of this shard that reach inside the bounds, along each dimension
+        inside = [-(-min(o, n - i * o) // c) for i, o, n, c in zip(at, outer, shape, inner,
+                                                                     strict=True)]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return math.prod(inside) * (math.prod(inner) * item + 4) + 16 * layout[0] + 4
 
 
 _EMPTY = 2**64 - 1  # an absent inner chunk's offset and length in a shard index

@@ -456,7 +456,8 @@ def probe(place: Place, context: ts.Context, path: str | None = None) -> Probe:
         return _PROBES.setdefault(key, found)
 
 
-def etag_error(place: Place, probe: Probe | None, doing: str) -> UnusableETagError:
+def etag_error(place: Place, probe: Probe | None, doing: str,
+               after: str | None = None) -> UnusableETagError:
     driver = place.spec["driver"]
     what = "generation" if driver == "gcs" else "ETag"
     if probe is None or probe.url is None:
@@ -468,10 +469,10 @@ def etag_error(place: Place, probe: Probe | None, doing: str) -> UnusableETagErr
     need = ("a non-zero generation in x-goog-generation" if driver == "gcs" else
             'strong ETags, a double-quoted string like "abc" (not unquoted, weak W/"abc" or '
             "empty)")
-    if probe is not None and not probe.readable:
+    if after is None and probe is not None and not probe.readable:
         after = ("durable cannot pin its own reads to it either: nothing can be read or "
                  "committed on this store as it answers")
-    else:
+    elif after is None:
         after = ("Meanwhile durable.tensorstore.open reads it with a cache private to each "
                  "handle, and a write works as long as it needs no conditional request "
                  "(each chunk written once; no resize, no update=True)")

@@ -78,6 +78,7 @@ from durable._tensorstore_codecs import (
     checksummed,
     chunk_pattern,
     every_chunk,
+    full_shard_size,
     grid_counts,
     grid_keys,
     is_codeword,
@@ -744,15 +745,16 @@ def _whole(seen: _Seen | None, marker: Marker, key: str, meta: dict[str, Any]) -
 
 
 def _every_chunk_committed(marker: Marker, key: str, meta: dict[str, Any]) -> bool:
-    """Whether the commit holds every chunk of the unsharded zarr3 array whose document is
-    ``key`` (none was left out as all fill value, none outside what was written)."""
+    """Whether the commit holds every chunk of the zarr3 array whose document is ``key``
+    (none was left out as all fill value, none outside what was written): for a sharded
+    array, every shard, each of the size of one that holds all its inner chunks."""
     assert marker.manifest is not None
     objects = marker.manifest.objects
     codecs = meta.get("codecs")
-    if meta.get("node_type") != "array" or not isinstance(codecs, list) or any(
-            (c.get("name") if isinstance(c, dict) else c) == "sharding_indexed"
-            for c in codecs):
-        return False  # in a shard, an inner chunk left out is fill values by its index
+    if meta.get("node_type") != "array" or not isinstance(codecs, list):
+        return False
+    sharded = any((c.get("name") if isinstance(c, dict) else c) == "sharding_indexed"
+                  for c in codecs)
     found = grid_counts(meta)
     if found is None or math.prod(found[1]) > len(objects):
         return False  # more grid positions than objects in the manifest: one is missing
@@ -760,7 +762,41 @@ def _every_chunk_committed(marker: Marker, key: str, meta: dict[str, Any]) -> bo
     # metadata-only shrink must not stand in for one inside them left out as fill value
     # (its read would then be NOT_FOUND instead of fill values).
     keys = grid_keys(key[:-len("zarr.json")], meta)
-    return keys is not None and all(k in objects for k, _ in keys)
+    if keys is None or not all(k in objects for k, _ in keys):
+        return False
+    # In a shard, an inner chunk left out (all fill value) is so by its index, which the
+    # manifest does not hold: only a shard of the size of a full one is known to hold every
+    # inner chunk (a fixed size per inner chunk, a crc32c index).
+    return not sharded or all(objects[k].size == full_shard_size(meta, at) for k, at in keys)
+
+
+def _sharded_reads_work(place: Place, found: Any, store: ts.TensorStore, marker: Marker,
+                        key: str | None, meta: Any) -> None:
+    """On a store whose versions tensorstore cannot use: UnusableETagError now, naming the
+    store, if the array is sharded and its reads fail there. tensorstore reads a shard's
+    chunk on the condition that the shard is still the version its index was read at (a
+    GCS-like store without generations fails that with 'Malformed StorageGeneration' at
+    the first read of a shard): one element of the first stored shard is read here, so
+    the handle is never handed over to fail with tensorstore's opaque error later."""
+    if key is None or not isinstance(meta, dict) or shard_layout(meta) is None:
+        return
+    assert marker.manifest is not None
+    keys = grid_keys(key[:-len(_METADATA["zarr3"])], meta)
+    found_at = next((at for k, at in keys or [] if k in marker.manifest.objects), None)
+    if found_at is None:
+        return  # no shard stored: every read is fill values, and none is conditional
+    outer = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    try:
+        store[tuple(i * n for i, n in zip(found_at, outer, strict=True))].read().result()
+    except ValueError as exc:
+        if MALFORMED not in str(exc):
+            return  # another failure of this read (a store ignoring suffix ranges, say) is
+            # the caller's to meet on a read of their own: a read of whole shards may work
+        raise etag_error(
+            place, found, "a sharded array cannot be read there: tensorstore reads each "
+            "chunk of a shard on the condition that the shard is still the version its "
+            "index was read at",
+            "Unsharded arrays read there, with a cache private to each handle") from None
 
 
 def _rewritten(entry: Entry, marker: Marker, after: str | None) -> IncompleteError:
@@ -878,7 +914,9 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
                 # A chunk deleted after this open is then an error naming it when read,
                 # never fill values (incident 001's failure, after the listing's check).
                 full["fill_missing_data_reads"] = False
-                every_read_checked = is_codeword(meta)
+                # Each chunk ends in its crc32c codec, or each shard's inner chunks and
+                # index do: every read of the array fails on a damaged one.
+                every_read_checked = is_codeword(meta) or shard_layout(meta) is not None
         opening = ts.open(full, context=ctx, read=True, write=False, **recheck, **kwargs)
         try:
             # The handle is handed over only once both are done.
@@ -906,6 +944,8 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
         if seen is not None:
             seen.listed = True
         store = opening.result()
+    if not found.usable and doc is not None:
+        _sharded_reads_work(place, found, store, marker, key, full.get("metadata"))
     if doc is not None:
         return store
     # Another driver: tensorstore read its metadata. A rewrite removes the marker before
