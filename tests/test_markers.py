@@ -333,3 +333,62 @@ def test_delete_does_not_follow_a_hostile_marker(entry: tuple[Place, Entry, Doc]
     assert e.state() is State.ABSENT
     assert Entry(place.url("sibling")).state() is State.COMPLETE
     assert place.read("sentinel") == b"outside the entry"
+
+
+@pytest.mark.parametrize("how", ["overwrite", "delete"])
+def test_a_key_through_a_symlinked_directory_never_removes_what_it_points_to(
+        tmp_path: os.PathLike[str], how: str) -> None:
+    """A directory of the entry swapped for a symlink to another zarr tree, and a marker
+    naming "link/zarr.json": a string check passes that key, and overwriting the entry
+    unlinked the other tree's zarr.json through the link (its documents go first, by the
+    manifest). Only the link goes; what it points to is untouched."""
+    from durable._protocol import Layout
+
+    root = os.path.realpath(tmp_path)
+    other = os.path.join(root, "other.zarr")
+    os.makedirs(os.path.join(other, "c"))
+    for rel, data in (("zarr.json", b"{}"), ("c/0", b"chunk")):
+        with open(os.path.join(other, rel), "wb") as f:
+            f.write(data)
+    before = tree(other)
+    e = Entry(os.path.join(root, "ent"))
+    with e.writing() as w:
+        w.write_bytes("a", b"a")
+        w.write_bytes("z", b"z")
+    os.symlink(other, os.path.join(root, "ent", "link"))
+    marker = Layout(e.path).marker
+    with open(marker, "rb") as f:
+        doc = json.load(f)
+    doc["manifest"]["link/zarr.json"] = {"size": 2, "crc32c": crc_hex(b"{}")}
+    os.remove(marker)
+    with open(marker, "w") as f:
+        json.dump(doc, f)
+    assert e.state() is State.COMPLETE  # the first and last objects are there
+    if how == "overwrite":
+        with e.writing(overwrite=True) as w:
+            w.write_bytes("a", b"new")
+        assert e.verify(deep=True).ok
+    else:
+        e.delete()
+        assert e.state() is State.ABSENT
+    assert not os.path.lexists(os.path.join(root, "ent", "link"))
+    assert tree(other) == before
+
+
+def test_deleting_an_entry_that_is_a_symlink_leaves_the_tree_it_points_to(
+        tmp_path: os.PathLike[str]) -> None:
+    """An entry path that is a symlink to a zarr tree: the listing goes through it, and the
+    delete unlinked that tree's zarr.json (its documents go first) before removing the link,
+    leaving the other tree half-deleted. Only the link goes."""
+    root = os.path.realpath(tmp_path)
+    other = os.path.join(root, "real.zarr")
+    os.makedirs(os.path.join(other, "c"))
+    for rel, data in (("zarr.json", b"{}"), ("c/0", b"chunk")):
+        with open(os.path.join(other, rel), "wb") as f:
+            f.write(data)
+    before = tree(other)
+    os.symlink(other, os.path.join(root, "ent"))
+    e = Entry(os.path.join(root, "ent"))
+    e.delete()
+    assert not os.path.lexists(os.path.join(root, "ent"))
+    assert tree(other) == before

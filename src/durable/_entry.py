@@ -1022,7 +1022,13 @@ def delete_tree(adapter: Adapter, path: str, keys: list[str] | None = None) -> N
     listing, in one request where the store deletes in batches; then the rest."""
     if keys is None:
         keys = list(adapter.list(path))
-    first = [f"{path}/{k}" for k in keys if k.rpartition("/")[2] in OPENED_FIRST]
+    # Never through a link (a symlink, on a local disk): a manifest's keys were checked as
+    # strings only, so a directory of the entry swapped for a symlink would take
+    # "link/zarr.json" to a file outside the entry, and an entry that is itself a symlink
+    # lists (and would lose) the documents of the tree it points to. Those are left to
+    # `delete_prefix`, which removes the link and never what lies behind it.
+    first = [f"{path}/{k}" for k in keys if k.rpartition("/")[2] in OPENED_FIRST
+             and not adapter.through_link(path, k)]
     if first:
         adapter.delete(first)
     adapter.delete_prefix(path)

@@ -410,6 +410,12 @@ class Adapter(ABC):
         """Remove directories left empty at and below ``prefix``; a no-op on stores that
         have no directories. Never removes an object."""
 
+    def through_link(self, root: str, key: str) -> bool:
+        """Whether ``root/key`` is reached through a link at ``root`` or in a directory of
+        ``key`` (a symlink, on a local disk), so that it may name something outside
+        ``root``. False on stores that have no links."""
+        return False
+
     # removing -----------------------------------------------------------------------------
     @abstractmethod
     def delete(self, paths: Iterable[str]) -> None:

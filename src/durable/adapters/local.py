@@ -478,6 +478,17 @@ class LocalAdapter(Adapter):
                 if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT, errno.EEXIST):
                     raise
 
+    def through_link(self, root: str, key: str) -> bool:
+        where = root.rstrip("/")
+        for part in ["", *key.split("/")[:-1]]:
+            where = f"{where}/{part}" if part else where
+            try:
+                if _stat.S_ISLNK(os.lstat(where).st_mode):
+                    return True
+            except (FileNotFoundError, NotADirectoryError):
+                return False  # nothing there to reach
+        return False
+
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()
         for p in paths:
