@@ -178,7 +178,44 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "external with .. key": external_with(manifest={"../sentinel": {"size": 1,
                                                                     "crc32c": "00000000"}}),
     "external not an object": external_with(manifest=["a"]),
+    # A key twice in one object: Python keeps the last value, other JSON readers the first.
+    "manifest twice": lambda place, doc: duplicated(doc, "manifest", {"a": doc["manifest"]["a"]}),
+    "key twice in the manifest": lambda place, doc: duplicated(
+        doc["manifest"], "a", doc["manifest"]["a"], within=doc, at="manifest"),
+    "size twice": lambda place, doc: duplicated(
+        doc["manifest"]["a"], "size", doc["manifest"]["a"]["size"], within=doc,
+        at="manifest.a"),
+    "external with a key twice": lambda place, doc: _external_raw(
+        place, doc, duplicated({"format": "durable.commit.manifest",
+                                "attempt": doc["attempt"], "manifest": doc["manifest"]},
+                               "attempt", doc["attempt"])),
 }
+
+
+def duplicated(obj: Doc, key: str, value: Any, *, within: Doc | None = None,
+               at: str = "") -> bytes:
+    """``obj`` as JSON with ``key: value`` added again at its end; inside ``within`` (at
+    the dotted path ``at``) when given, else alone."""
+    inner = json.dumps(obj)[:-1] + f", {json.dumps(key)}: {json.dumps(value)}}}"
+    if within is None:
+        return inner.encode()
+    marker = "\x00PLACE\x00"
+    doc = copy.deepcopy(within)
+    *parents, last = at.split(".")
+    holder = doc
+    for p in parents:
+        holder = holder[p]
+    holder[last] = marker
+    return json.dumps(doc).replace(json.dumps(marker), inner).encode()
+
+
+def _external_raw(place: Place, doc: Doc, blob: bytes) -> Doc:
+    """The marker pointing at ``blob`` (raw bytes) as its external manifest."""
+    doc = {k: v for k, v in doc.items() if k != "manifest"}
+    name = f"manifest-{doc['attempt']}.json"
+    place.write(f".durable/ent/{name}", blob)
+    doc["manifest_ref"] = {"key": name, "size": len(blob), "crc32c": crc_hex(blob)}
+    return doc
 
 
 def _rm_ext(place: Place, doc: Doc) -> Doc:

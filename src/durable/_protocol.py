@@ -478,12 +478,33 @@ def _dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=False).encode()
 
 
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return doc
+
+
 def _loads(data: bytes, where: str) -> dict[str, Any]:
     try:
         # UTF-8 only, as the protocol says (json.loads of bytes would also take UTF-16
-        # and UTF-32): a record is read the same way by every reader.
+        # and UTF-32): a record is read the same way by every reader. A key twice in one
+        # object is refused: Python keeps the last value, other readers the first, so two
+        # readers of one marker would trust two manifests (or two sizes of one object).
         doc = json.loads(data.decode("utf-8") if isinstance(data, bytes | bytearray)
-                         else data)
+                         else data, object_pairs_hook=_unique)
+    except _DuplicateKeyError as exc:
+        raise MarkerError(f"{where}: the key {exc.args[0]!r:.80} appears twice in one JSON "
+                          "object; which value to trust would be a guess",
+                          url=where) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MarkerError(f"{where}: not valid JSON ({exc})", url=where) from None
     if not isinstance(doc, dict):
