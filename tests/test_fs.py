@@ -305,6 +305,25 @@ def test_pipe_put_copy_move_touch_are_recorded(place: Place, tmp_path: Path) -> 
     assert place.marker("ops/piped") is None and not place.inner.exists(place.path("ops/piped"))
 
 
+def test_a_directory_moves_and_copies_recursively(place: Place) -> None:
+    """fsspec's mv copies every path a recursive listing gives, directories included, and
+    stops at the first FileNotFoundError: cp_file of a directory raised one, so
+    ``mv(..., recursive=True)`` of any directory failed (plain local fsspec moves it)."""
+    fs, root = fsspec.url_to_fs(place.url("tree"), **place.so)
+    fs.pipe_file(f"{root}/src/x", b"x")
+    fs.pipe_file(f"{root}/src/sub/y", b"yy")
+    fs.cp(f"{root}/src", f"{root}/copy", recursive=True)
+    fs.mv(f"{root}/src", f"{root}/moved", recursive=True)
+    for top in ("copy", "moved"):
+        assert fs.cat_file(f"{root}/{top}/x") == b"x"
+        assert fs.cat_file(f"{root}/{top}/sub/y") == b"yy"
+        for key in (f"tree/{top}/x", f"tree/{top}/sub/y"):
+            assert place.record(key) is not None, key
+    assert not any(p.startswith(place.path("tree/src")) for p in place.objects())
+    with pytest.raises(FileNotFoundError):
+        fs.cp_file(f"{root}/nothing", f"{root}/else")
+
+
 def test_create_mode_keeps_the_existing_object_and_its_record(place: Place) -> None:
     fs, path = fsspec.url_to_fs(place.url("once"), **place.so)
     fs.pipe_file(path, b"first")

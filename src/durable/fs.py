@@ -333,7 +333,17 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         # Read verified, written atomically: a copy is never of bytes that were wrong.
-        with self.open(path1, "rb") as src, self.open(path2, "wb") as dst:
+        try:
+            src = self.open(path1, "rb")
+        except FileNotFoundError:
+            # A directory, as a recursive copy or move lists them (fsspec's mv stops at
+            # the first FileNotFoundError: `mv -r` of any directory failed): made, as the
+            # local and memory filesystems' cp_file do; nothing to do on object stores.
+            if not self.fs.isdir(self._strip_protocol(path1)):
+                raise
+            self.fs.makedirs(self._strip_protocol(path2), exist_ok=True)
+            return
+        with src, self.open(path2, "wb") as dst:
             while block := src.read(_COPY_BLOCK):
                 dst.write(block)
 
