@@ -344,6 +344,11 @@ class VerifiedReader(io.RawIOBase):
         self._pos = pos
         return pos
 
+    def check_whole(self) -> None:
+        """Check the whole object now, before any more bytes are handed out (once)."""
+        if not self._verified:
+            self._verify_whole()
+
     def _verify_whole(self) -> None:
         ck = Checksum()
         head = bytearray()

@@ -398,6 +398,11 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             stop = min(stop, size)
             if first >= stop:
                 return b""
+            if stop - first < size:
+                # A part of the object: checked whole first, as a seek does. From byte 0
+                # it would otherwise be the start of a sequential read, whose CRC32C is
+                # checked only at the end, which the range never reaches.
+                cast(VerifiedReader, f.raw).check_whole()
             if first:
                 f.seek(first)
             return bytes(f.read(stop - first))
