@@ -772,3 +772,37 @@ def test_scan_on_s3_is_one_listing_and_one_get_per_marker(s3_bucket: Bucket) -> 
              ("HEAD", "root/plain/part-0", False)]
     assert calls == sorted([("GET", "", True), ("GET", "", True), *heads]
                            + [("GET", m, False) for m in markers]), calls
+
+
+def test_control_characters_from_the_store_never_reach_the_terminal(
+        tmp_path: os.PathLike[str]) -> None:
+    """Object names and marker fields come from the store: an escape sequence in a file
+    name or in a (hostile) marker's committed_at or writer was printed raw by status,
+    verify, scan and clean, and could clear or rewrite the screen of whoever ran them.
+    They are shown escaped; JSON output escapes them by itself."""
+    root = os.path.realpath(tmp_path)
+    esc, rlo = "\x1b[2J\x1b[31m", "\u202e"
+    entry = write_entry(os.path.join(root, "e"), GOOD)
+    marker = os.path.join(root, ".durable", "e", "commit.json")
+    with open(marker, "rb") as f:
+        doc = json.load(f)
+    doc["committed_at"] = f"{esc}2026{rlo}"
+    doc["writer"] = {"host": f"{esc}node", "pid": 1}
+    os.remove(marker)
+    with open(marker, "w") as f:
+        json.dump(doc, f)
+    with open(os.path.join(root, "e", f"stray{esc}"), "wb") as f:
+        f.write(b"x")
+    os.makedirs(os.path.join(root, f"left{esc}over"))
+    with open(os.path.join(root, f"left{esc}over", "part"), "wb") as f:
+        f.write(b"y")
+    assert entry.state() is State.COMPLETE
+    results = [run("status", entry.path), run("verify", entry.path), run("scan", root),
+               run("verify", root), run("clean", root, "--older-than", "0"),
+               run("mark-complete", root), run("status", os.path.join(root, f"no{esc}"))]
+    assert [r.exit_code for r in results] == [0, 5, 0, 5, 0, 0, 4]
+    for result in results:
+        shown = result.stdout + result.stderr
+        assert "\x1b" not in shown and rlo not in shown, shown
+    assert "\\x1b[2J" in results[0].stdout and "\\u202e" in results[0].stdout
+    assert "stray\\x1b[2J" in results[1].stdout
