@@ -137,6 +137,7 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "version as bool": with_field(version=True),
     "unknown kind": with_field(kind="directory"),
     "attempt with a path": with_field(attempt="../../x"),
+    "attempt not ascii": with_field(attempt="\u0661\u0662\u00bd"),
     "writer not an object": with_field(writer=["pid"]),
     "no manifest at all": lambda place, doc: {k: v for k, v in doc.items() if k != "manifest"},
     "both manifest and manifest_ref": with_field(

@@ -294,7 +294,10 @@ class Marker:
                               url=where)
         attempt = doc.get("attempt")
         committed_at = doc.get("committed_at")
-        if not isinstance(attempt, str) or not attempt.isalnum() or len(attempt) > 64:
+        # ASCII: str.isalnum() also takes "١٢" or "½", which a reader in another language
+        # (and `from_metadata`) refuses; the id names files (manifest-<attempt>.json).
+        if (not isinstance(attempt, str) or not attempt.isascii() or not attempt.isalnum()
+                or len(attempt) > 64):
             raise MarkerError(f"{where}: bad attempt id {attempt!r:.80}", url=where)
         if not isinstance(committed_at, str) or len(committed_at) > 64:
             raise MarkerError(f"{where}: bad committed_at {committed_at!r:.80}", url=where)
