@@ -425,6 +425,23 @@ def test_every_way_of_writing_is_recorded(place: Place, tmp_path: os.PathLike[st
     assert e.verify(deep=True).ok
 
 
+def test_touch_without_truncate_keeps_the_bytes(place: Place) -> None:
+    """``touch(path, truncate=False)`` leaves an existing object's bytes alone (fsspec's
+    meaning, and plain fsspec's); the writer's touch emptied it, and the commit recorded
+    the empty object as the data."""
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        w.fs.pipe_file(f"{w.path}/kept", b"important")
+        w.fs.touch(f"{w.path}/kept", truncate=False)
+        w.fs.touch(f"{w.path}/new", truncate=False)
+        w.fs.pipe_file(f"{w.path}/emptied", b"x")
+        w.fs.touch(f"{w.path}/emptied")
+    assert e.verify(deep=True).ok
+    assert read_verified(place.url("ent", "kept")) == b"important"
+    assert read_verified(place.url("ent", "new")) == b""
+    assert read_verified(place.url("ent", "emptied")) == b""
+
+
 def test_writing_outside_the_entry_is_refused(place: Place) -> None:
     place.write("sentinel", b"outside")
     e = Entry(place.url("ent"))
