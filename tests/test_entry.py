@@ -442,6 +442,23 @@ def test_touch_without_truncate_keeps_the_bytes(place: Place) -> None:
     assert read_verified(place.url("ent", "emptied")) == b""
 
 
+def test_a_name_of_durables_temp_files_is_refused_when_written(place: Place) -> None:
+    """A key named like durable's temp files (``.x.durable-tmp-...``) was taken for a
+    killed writer's leftover at the commit, removed, and the commit then failed with "written
+    by this writer but gone at commit" after every other object was written. It is
+    refused when written, naming it; the rest of the entry commits."""
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        for bad in ("a/.x.durable-tmp-0123456789ab", ".y.durable-tmp-0123456789ab"):
+            with pytest.raises(ValueError, match="durable-tmp"):
+                w.write_bytes(bad, b"data")
+            with pytest.raises(ValueError, match="durable-tmp"):
+                w.fs.pipe_file(f"{w.path}/{bad}", b"data")
+        w.write_bytes("ok", b"data")
+    assert e.state() is State.COMPLETE
+    assert sorted(marker_doc(place)["manifest"]) == ["ok"]
+
+
 def test_writing_outside_the_entry_is_refused(place: Place) -> None:
     place.write("sentinel", b"outside")
     e = Entry(place.url("ent"))

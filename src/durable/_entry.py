@@ -854,6 +854,12 @@ class EntryWriter:
             # entry of the writer that took the lease over.
             self._lease.check()
         check_key(key, self.url)
+        if TMP_MARK in key.rpartition("/")[2]:
+            # The commit removes such names as a killed writer's temp files, and then
+            # refused this write for an object "gone at commit".
+            raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a name "
+                             f"with {TMP_MARK!r} is one of durable's temp files, which the "
+                             "commit removes as a killed writer's leftovers; rename it")
         self._listing = None  # taken before this write: no longer the whole entry
         with self._lock:
             # Written again: an fsync started before covers the old bytes, not these.
