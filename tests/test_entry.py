@@ -459,6 +459,24 @@ def test_a_name_of_durables_temp_files_is_refused_when_written(place: Place) -> 
     assert sorted(marker_doc(place)["manifest"]) == ["ok"]
 
 
+def test_a_copy_into_the_entry_is_of_the_recorded_bytes_only(place: Place) -> None:
+    """``w.fs.cp_file`` from another committed entry read the source unchecked: damaged
+    bytes there were copied, recorded with their own CRC32C, and committed as good data
+    (durable::'s cp_file checks). Now the copy is refused, naming the source."""
+    src = Entry(place.url("src"))
+    with src.writing() as w:
+        w.write_bytes("obj", b"the recorded bytes")
+    place.write("src/obj", b"the damaged  bytes")  # same size, around durable
+    dst = Entry(place.url("dst"))
+    with pytest.raises(IntegrityError, match="src/obj"), dst.writing() as w:
+        w.fs.cp_file(place.url("src", "obj"), f"{w.path}/obj")
+    assert dst.state() is State.ABSENT
+    with dst.writing() as w:  # an unrecorded source is copied as it is
+        place.write("plain", b"no record")
+        w.fs.cp_file(place.url("plain"), f"{w.path}/plain")
+    assert read_verified(place.url("dst", "plain")) == b"no record"
+
+
 def test_writing_outside_the_entry_is_refused(place: Place) -> None:
     place.write("sentinel", b"outside")
     e = Entry(place.url("ent"))

@@ -182,6 +182,11 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
     return rec.size, rec.crc32c
 
 
+def expected_of(adapter: Adapter, path: str) -> tuple[int | None, int | None]:
+    """(size, CRC32C) the object's record gives, (None, None) where it has none."""
+    return _expected(adapter, path, None, None, False)
+
+
 def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
                 body: BinaryIO | None) -> NoReturn:
     """Why an object no record covers cannot be read: it is not there (FileNotFoundError),
