@@ -16,6 +16,7 @@ request log that parts went out before the failure, and that the upload was abor
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.metadata
 import os
@@ -554,6 +555,28 @@ def test_rm_removes_the_record_too(place: Place) -> None:
     assert place.objects() == [*marker, place.path("r/keep")]
     fs.rm_file(f"{root}/keep")
     assert place.objects() == []
+
+
+def test_rm_that_does_not_remove_an_entry_leaves_it_complete(place: Place) -> None:
+    """``rm`` without recursive=True, and ``rm_file``, of a prefix entry remove nothing
+    (an error on a local disk, nothing on an object store), but took the entry's marker
+    (and records) first: a COMPLETE entry became INCOMPLETE over all its data."""
+    fs, root = fsspec.url_to_fs(place.url("tree"), **place.so)
+    e = durable.Entry(f"{place.inner.unstrip_protocol(place.path('tree'))}/x.zarr",
+                      storage_options=place.inner_options)
+    with e.writing() as w:
+        w.write_bytes("a", b"1")
+        w.write_bytes("sub/b", b"2")
+    fs.pipe_file(f"{root}/single", b"single")
+    for call in (lambda: fs.rm(f"{root}/x.zarr"), lambda: fs.rm(f"{root}/x.zarr/sub"),
+                 lambda: fs.rm_file(f"{root}/x.zarr")):
+        with contextlib.suppress(OSError, ValueError):
+            call()
+        assert e.state() is durable.State.COMPLETE
+    fs.rm([f"{root}/single"])  # an object still loses its record with it
+    assert place.marker("tree/single") is None and not fs.exists(f"{root}/single")
+    fs.rm(f"{root}/x.zarr", recursive=True)
+    assert e.state() is durable.State.ABSENT
 
 
 def test_rm_of_an_entry_removes_all_its_records(place: Place) -> None:

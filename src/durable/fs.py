@@ -469,6 +469,11 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
     def rm_file(self, path: str) -> None:
         path = self._strip_protocol(path)
         layout = self._layout(path)
+        if layout is not None and self.adapter.info(path) is None and self.adapter.exists(
+                path):
+            # A directory (a prefix entry): rm_file does not remove it (an error on a
+            # local disk, nothing on an object store), so its commit stays with it.
+            layout = None
         if layout is not None:
             # Marker first: from here on the object is never taken for a recorded one.
             self.adapter.delete([layout.marker])
@@ -477,7 +482,12 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
-        layouts = [lo for lo in map(self._layout, paths) if lo is not None]
+        # Not recursive: a directory (a prefix entry) is not removed (an error on a local
+        # disk, nothing on an object store), so its marker and records stay; only objects
+        # lose theirs. A refused rm took a COMPLETE entry's marker and left its data.
+        removed = paths if recursive else [p for p in paths
+                                           if self.adapter.info(p) is not None]
+        layouts = [lo for lo in map(self._layout, removed) if lo is not None]
         self.adapter.delete([lo.marker for lo in layouts])
         # The expanded list, children first: the inner filesystem never sees a pattern that
         # could match the hidden records dirs, and never removes a parent before a child.
