@@ -67,7 +67,7 @@ from fsspec.utils import isfilelike, stringify_path
 from durable._atomic import publish
 from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import RECORDS_DIR, Layout
-from durable._verified import VerifiedReader, find_record
+from durable._verified import VerifiedReader, find_record, missing_error
 from durable.adapters import adapter_for_fs
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
 from durable.adapters.local import TMP_MARK, LocalAdapter
@@ -335,7 +335,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         # Read verified, written atomically: a copy is never of bytes that were wrong.
         try:
             src = self.open(path1, "rb")
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             # A directory, as a recursive copy or move lists them (fsspec's mv stops at
             # the first FileNotFoundError: `mv -r` of any directory failed): made, as the
             # local and memory filesystems' cp_file do; nothing to do on object stores.
@@ -363,10 +363,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         if found is not None:
             size, crc = found.record.size, found.record.crc32c
         if info is None:
-            if size is not None:
-                raise IntegrityError(f"{url}: recorded with {size} bytes but missing",
-                                     url=url, expected=size, found="missing")
-            raise FileNotFoundError(url)
+            raise missing_error(adapter, path, url, size)
         if size is not None and info.size != size:
             raise IntegrityError(f"{url}: recorded with {size} bytes, the store says "
                                  f"{info.size}", url=url, expected=size, found=info.size)

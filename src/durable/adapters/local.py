@@ -478,6 +478,9 @@ class LocalAdapter(Adapter):
                 if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT, errno.EEXIST):
                     raise
 
+    def not_an_object(self, path: str) -> str | None:
+        return _not_a_file(path)
+
     def through_link(self, root: str, key: str) -> bool:
         where = root.rstrip("/")
         for part in ["", *key.split("/")[:-1]]:
