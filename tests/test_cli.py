@@ -806,3 +806,18 @@ def test_control_characters_from_the_store_never_reach_the_terminal(
         assert "\x1b" not in shown and rlo not in shown, shown
     assert "\\x1b[2J" in results[0].stdout and "\\u202e" in results[0].stdout
     assert "stray\\x1b[2J" in results[1].stdout
+
+
+def test_options_nested_too_deeply_are_a_usage_error(tmp_path: os.PathLike[str]) -> None:
+    """--storage-options, -o and DURABLE_STORAGE_OPTIONS nested deeper than json parses
+    were a bare RecursionError traceback (raised while click parses the options)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    url = os.path.join(os.path.realpath(tmp_path), "e")
+    for args, env in ((["--storage-options", deep, "status", url], None),
+                      (["status", url], {ENV_OPTIONS: deep})):
+        result = CliRunner().invoke(cli, args, env=env)
+        assert result.exit_code == 2, result.output
+        assert "not valid JSON" in result.output
+    # -o takes a value that is not JSON as a string: an unknown option of the filesystem
+    result = CliRunner().invoke(cli, ["-o", f"a={deep}", "status", url])
+    assert not isinstance(result.exception, RecursionError)

@@ -200,7 +200,7 @@ def _keep_pairs(ctx: click.Context, param: click.Parameter, value: tuple[str, ..
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", ctx, param)
         try:
             parsed: Any = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested too deeply: not JSON to take
             parsed = raw
         ctx.meta.setdefault("durable.pairs", []).append((key, parsed))
 
@@ -224,7 +224,9 @@ def _common(f: F) -> F:
 def _options_json(text: str, where: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: nested too deeply. Raised while click parses options, outside
+        # the command's error handling: it was a bare traceback.
         raise click.UsageError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise click.UsageError(f"{where}: must be a JSON object, got {type(value).__name__}")
