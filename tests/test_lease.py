@@ -503,3 +503,16 @@ def test_killed_holder_child_really_held_it(local: Place) -> None:
         time.sleep(0.05)
     kid.signal(signal.SIGTERM)
     kid.proc.communicate()
+
+
+def test_a_lease_file_nested_too_deeply_is_no_lease_to_its_readers(local: Place) -> None:
+    """A lease file of a few KiB nested deeper than json parses: its readers (a writer
+    refused the lease, a waiter judging it) raised a bare RecursionError instead of taking
+    it for what it is, not a lease."""
+    entry = local.entry()
+    os.makedirs(os.path.dirname(entry.layout.lease))
+    with open(entry.layout.lease, "w") as f:
+        f.write("[" * 5000 + "]" * 5000)
+    assert LeaseWatch(local.url).peek() is None
+    with pytest.raises(IncompleteExistsError, match="holds its lease"):
+        local.lease().acquire()
