@@ -463,11 +463,14 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             with contextlib.suppress(OSError, NotImplementedError, ValueError):
                 self.fs.rmdir(layout.records.rpartition("/")[0])
 
+    def _a_directory(self, path: str) -> bool:
+        """Something is at ``path`` but no object: a directory or prefix (or a symlink)."""
+        return self.adapter.info(path) is None and self.adapter.exists(path)
+
     def rm_file(self, path: str) -> None:
         path = self._strip_protocol(path)
         layout = self._layout(path)
-        if layout is not None and self.adapter.info(path) is None and self.adapter.exists(
-                path):
+        if layout is not None and self._a_directory(path):
             # A directory (a prefix entry): rm_file does not remove it (an error on a
             # local disk, nothing on an object store), so its commit stays with it.
             layout = None
@@ -482,8 +485,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         # Not recursive: a directory (a prefix entry) is not removed (an error on a local
         # disk, nothing on an object store), so its marker and records stay; only objects
         # lose theirs. A refused rm took a COMPLETE entry's marker and left its data.
-        removed = paths if recursive else [p for p in paths
-                                           if self.adapter.info(p) is not None]
+        removed = paths if recursive else [p for p in paths if not self._a_directory(p)]
         layouts = [lo for lo in map(self._layout, removed) if lo is not None]
         self.adapter.delete([lo.marker for lo in layouts])
         # The expanded list, children first: the inner filesystem never sees a pattern that
