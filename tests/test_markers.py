@@ -430,3 +430,34 @@ def test_deleting_an_entry_that_is_a_symlink_leaves_the_tree_it_points_to(
     e.delete()
     assert not os.path.lexists(os.path.join(root, "ent"))
     assert tree(other) == before
+
+
+def test_a_key_longer_than_a_file_name_can_be_is_missing(tmp_path: os.PathLike[str]) -> None:
+    """A manifest key whose segment is longer than the file system takes (S3 keys take
+    1,024 bytes): state() raised a bare ENAMETOOLONG OSError, and so did the way out of a
+    bad marker, writing(overwrite=True). Such an object is missing."""
+    from durable._protocol import Layout
+
+    e = Entry(os.path.join(os.path.realpath(tmp_path), "ent"))
+    with e.writing() as w:
+        w.write_bytes("a", b"a")
+        w.write_bytes("z", b"z")
+    marker = Layout(e.path).marker
+    with open(marker, "rb") as f:
+        good = json.load(f)
+    for long_key, state in (("z" * 300, State.INCOMPLETE),  # the last key: state() stats it
+                            ("m" * 300 + "/zarr.json", State.COMPLETE)):  # a middle one
+        doc = copy.deepcopy(good)
+        doc["manifest"][long_key] = {"size": 1, "crc32c": crc_hex(b"z")}
+        os.remove(marker)
+        with open(marker, "w") as f:
+            json.dump(doc, f)
+        assert e.state() is state
+        report = e.verify(raise_errors=False)
+        assert [(p.key, p.issue) for p in report.problems] == [(long_key, "missing")]
+        with pytest.raises(IntegrityError, match="missing"):
+            read_verified(os.path.join(e.path, long_key))
+        with e.writing(overwrite=True) as w:  # a COMPLETE one: its manifest's documents
+            w.write_bytes("a", b"a")  # are removed first, by their keys
+            w.write_bytes("z", b"z")
+        assert e.state() is State.COMPLETE

@@ -161,6 +161,12 @@ def _makedirs(path: str) -> list[str]:
     return created
 
 
+# Names no file can have here (a segment over the file system's limit, a symlink loop on
+# the way): no object, as for a missing one. A manifest key from an object store (S3 takes
+# segments of 1,024 bytes) made state() raise ENAMETOOLONG, and overwrite=True with it.
+_NO_SUCH_NAME = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
+
+
 def _version(st: os.stat_result) -> str:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
@@ -400,6 +406,10 @@ class LocalAdapter(Adapter):
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            if exc.errno in _NO_SUCH_NAME:
+                return None
+            raise
         if not _stat.S_ISREG(st.st_mode):
             return None
         return ObjectInfo(path, st.st_size, _version(st), st.st_mtime)
@@ -490,6 +500,10 @@ class LocalAdapter(Adapter):
                     return True
             except (FileNotFoundError, NotADirectoryError):
                 return False  # nothing there to reach
+            except OSError as exc:
+                if exc.errno in _NO_SUCH_NAME:
+                    return False
+                raise
         return False
 
     def delete(self, paths: Iterable[str]) -> None:
@@ -498,8 +512,11 @@ class LocalAdapter(Adapter):
             try:
                 os.unlink(p)
                 dirs.add(os.path.dirname(p))
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 pass
+            except OSError as exc:
+                if exc.errno not in _NO_SUCH_NAME:
+                    raise
         for d in dirs:
             fsync_dir(d)
 
@@ -553,6 +570,10 @@ def _not_a_file(path: str) -> str | None:
         mode = os.lstat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        if exc.errno in _NO_SUCH_NAME:
+            return None
+        raise
     if _stat.S_ISLNK(mode):
         return "a symlink"
     if _stat.S_ISDIR(mode):
