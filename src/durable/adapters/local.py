@@ -225,7 +225,15 @@ def _cas_lock(path: str, timeout: float = CAS_TIMEOUT) -> Iterator[None]:
 
 def _lockf(lock_path: str, deadline: float) -> int:
     _makedirs(os.path.dirname(lock_path))
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        # O_NOFOLLOW: a symlink planted at the lock's path would make O_CREAT create (and
+        # lock) a file wherever it points.
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise OSError(errno.ELOOP, "the lock file is a symlink (never followed: it could "
+                      "point anywhere); remove it", lock_path) from None
     pause = 0.001
     try:
         while True:
