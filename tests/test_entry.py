@@ -477,6 +477,28 @@ def test_a_copy_into_the_entry_is_of_the_recorded_bytes_only(place: Place) -> No
     assert read_verified(place.url("dst", "plain")) == b"no record"
 
 
+def test_nothing_is_written_through_a_symlinked_directory(
+        tmp_path: os.PathLike[str]) -> None:
+    """A directory of an INCOMPLETE entry swapped for a symlink, then a resumed writer:
+    its objects below that directory were written wherever the link pointed, and the
+    commit (whose listing never follows a link) refused them as "gone at commit", leaving
+    them there. Now the write is refused, naming the link; nothing lands outside."""
+    root = os.path.realpath(tmp_path)
+    outside = os.path.join(root, "outside")
+    os.makedirs(outside)
+    os.makedirs(os.path.join(root, "ent"))
+    os.symlink(outside, os.path.join(root, "ent", "sub"))
+    e = Entry(os.path.join(root, "ent"))
+    with e.writing(resume=True) as w:
+        with pytest.raises(ValueError, match="symlink"):
+            w.write_bytes("sub/chunk", b"x")
+        with pytest.raises(ValueError, match="symlink"):
+            w.fs.pipe_file(f"{w.path}/sub/deeper/chunk", b"x")
+        w.write_bytes("kept", b"inside")
+    assert os.listdir(outside) == []
+    assert e.state() is State.COMPLETE
+
+
 def test_writing_outside_the_entry_is_refused(place: Place) -> None:
     place.write("sentinel", b"outside")
     e = Entry(place.url("ent"))
