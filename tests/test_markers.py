@@ -461,3 +461,29 @@ def test_a_key_longer_than_a_file_name_can_be_is_missing(tmp_path: os.PathLike[s
             w.write_bytes("a", b"a")  # are removed first, by their keys
             w.write_bytes("z", b"z")
         assert e.state() is State.COMPLETE
+
+
+def test_an_external_manifest_larger_than_recorded_is_refused_unread(
+        entry: tuple[Place, Entry, Doc]) -> None:
+    """An external manifest file larger than the size its marker recorded was read whole
+    (up to any manifest's 1 GiB) before the sizes were compared: every state() of the
+    entry took that much memory. It is refused from its size, before a byte is read."""
+    import tracemalloc
+
+    place, e, doc = entry
+    ext, blob = external(place, doc)
+    place.write(MARKER, json.dumps(ext).encode())
+    assert e.state() is State.COMPLETE
+    name = f".durable/ent/{ext['manifest_ref']['key']}"
+    if place.kind == "file":
+        os.truncate(os.path.join(place.root, name), 64 * 1024 * 1024)  # sparse: no disk
+    else:
+        place.write(name, blob + b" " * (64 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        with pytest.raises(MarkerError, match=f"recorded an external manifest of {len(blob)}"):
+            e.state()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, peak

@@ -30,7 +30,6 @@ from durable._errors import (
 from durable._fragments import MAX_FRAGMENT_BYTES, decode_fragment, fragments_dir
 from durable._protocol import (
     MARKER_NAME,
-    MAX_MANIFEST_BYTES,
     MAX_MARKER_BYTES,
     RECORDS_DIR,
     Layout,
@@ -206,9 +205,15 @@ class Entry:
             mpath = self.layout.external_manifest(marker.manifest_ref.key)
             murl = self.adapter.url(mpath)
             try:
-                blob = self.adapter.read(mpath, limit=MAX_MANIFEST_BYTES)
+                # Limited to the size the marker recorded, not to any manifest's 1 GiB: a
+                # larger file is refused from its stat, before a byte of it is read.
+                blob = self.adapter.read(mpath, limit=marker.manifest_ref.size)
             except ValueError as exc:
-                raise MarkerError(f"{murl}: {exc}", url=murl) from None
+                raise MarkerError(
+                    f"{murl}: the marker recorded an external manifest of "
+                    f"{marker.manifest_ref.size} bytes; "
+                    + (str(exc).replace(murl, "this one") if murl in str(exc) else str(exc)),
+                    url=murl, expected=marker.manifest_ref.size) from None
             if blob is None:
                 raise MarkerError(f"{murl}: the marker's external manifest is missing",
                                   url=murl)
