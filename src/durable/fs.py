@@ -68,7 +68,7 @@ from durable._atomic import publish
 from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import RECORDS_DIR, Layout
 from durable._verified import VerifiedReader, find_record, missing_error
-from durable.adapters import adapter_for_fs
+from durable.adapters import adapter_for_fs, refuse_ambiguous
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
 from durable.adapters.local import TMP_MARK, LocalAdapter
 
@@ -95,6 +95,9 @@ class DurableWriteFile(io.BufferedIOBase):
         if any(part == RECORDS_DIR for part in path.split("/")):
             raise ValueError(f"{fs.adapter.url(path)}: paths inside {RECORDS_DIR!r} "
                              "directories hold durable's records, not data")
+        # As atomic_write refuses them: written, "a/../b" would be a literal key that
+        # read_verified (and a copy to a disk) takes for another object.
+        refuse_ambiguous(fs.adapter, path, fs.unstrip_protocol(path))
         self.fs = fs
         self.path = path
         self.mode = "xb" if create_only else "wb"
