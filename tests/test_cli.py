@@ -772,3 +772,52 @@ def test_scan_on_s3_is_one_listing_and_one_get_per_marker(s3_bucket: Bucket) -> 
              ("HEAD", "root/plain/part-0", False)]
     assert calls == sorted([("GET", "", True), ("GET", "", True), *heads]
                            + [("GET", m, False) for m in markers]), calls
+
+
+def test_control_characters_from_the_store_never_reach_the_terminal(
+        tmp_path: os.PathLike[str]) -> None:
+    """Object names and marker fields come from the store: an escape sequence in a file
+    name or in a (hostile) marker's committed_at or writer was printed raw by status,
+    verify, scan and clean, and could clear or rewrite the screen of whoever ran them.
+    They are shown escaped; JSON output escapes them by itself."""
+    root = os.path.realpath(tmp_path)
+    esc, rlo = "\x1b[2J\x1b[31m", "\u202e"
+    entry = write_entry(os.path.join(root, "e"), GOOD)
+    marker = os.path.join(root, ".durable", "e", "commit.json")
+    with open(marker, "rb") as f:
+        doc = json.load(f)
+    doc["committed_at"] = f"{esc}2026{rlo}"
+    doc["writer"] = {"host": f"{esc}node", "pid": 1}
+    os.remove(marker)
+    with open(marker, "w") as f:
+        json.dump(doc, f)
+    with open(os.path.join(root, "e", f"stray{esc}"), "wb") as f:
+        f.write(b"x")
+    os.makedirs(os.path.join(root, f"left{esc}over"))
+    with open(os.path.join(root, f"left{esc}over", "part"), "wb") as f:
+        f.write(b"y")
+    assert entry.state() is State.COMPLETE
+    results = [run("status", entry.path), run("verify", entry.path), run("scan", root),
+               run("verify", root), run("clean", root, "--older-than", "0"),
+               run("mark-complete", root), run("status", os.path.join(root, f"no{esc}"))]
+    assert [r.exit_code for r in results] == [0, 5, 0, 5, 0, 0, 4]
+    for result in results:
+        shown = result.stdout + result.stderr
+        assert "\x1b" not in shown and rlo not in shown, shown
+    assert "\\x1b[2J" in results[0].stdout and "\\u202e" in results[0].stdout
+    assert "stray\\x1b[2J" in results[1].stdout
+
+
+def test_options_nested_too_deeply_are_a_usage_error(tmp_path: os.PathLike[str]) -> None:
+    """--storage-options, -o and DURABLE_STORAGE_OPTIONS nested deeper than json parses
+    were a bare RecursionError traceback (raised while click parses the options)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    url = os.path.join(os.path.realpath(tmp_path), "e")
+    for args, env in ((["--storage-options", deep, "status", url], None),
+                      (["status", url], {ENV_OPTIONS: deep})):
+        result = CliRunner().invoke(cli, args, env=env)
+        assert result.exit_code == 2, result.output
+        assert "not valid JSON" in result.output
+    # -o takes a value that is not JSON as a string: an unknown option of the filesystem
+    result = CliRunner().invoke(cli, ["-o", f"a={deep}", "status", url])
+    assert not isinstance(result.exception, RecursionError)

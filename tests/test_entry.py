@@ -425,6 +425,80 @@ def test_every_way_of_writing_is_recorded(place: Place, tmp_path: os.PathLike[st
     assert e.verify(deep=True).ok
 
 
+def test_touch_without_truncate_keeps_the_bytes(place: Place) -> None:
+    """``touch(path, truncate=False)`` leaves an existing object's bytes alone (fsspec's
+    meaning, and plain fsspec's); the writer's touch emptied it, and the commit recorded
+    the empty object as the data."""
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        w.fs.pipe_file(f"{w.path}/kept", b"important")
+        w.fs.touch(f"{w.path}/kept", truncate=False)
+        w.fs.touch(f"{w.path}/new", truncate=False)
+        w.fs.pipe_file(f"{w.path}/emptied", b"x")
+        w.fs.touch(f"{w.path}/emptied")
+    assert e.verify(deep=True).ok
+    assert read_verified(place.url("ent", "kept")) == b"important"
+    assert read_verified(place.url("ent", "new")) == b""
+    assert read_verified(place.url("ent", "emptied")) == b""
+
+
+def test_a_name_of_durables_temp_files_is_refused_when_written(place: Place) -> None:
+    """A key named like durable's temp files (``.x.durable-tmp-...``) was taken for a
+    killed writer's leftover at the commit, removed, and the commit then failed with "written
+    by this writer but gone at commit" after every other object was written. It is
+    refused when written, naming it; the rest of the entry commits."""
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        for bad in ("a/.x.durable-tmp-0123456789ab", ".y.durable-tmp-0123456789ab"):
+            with pytest.raises(ValueError, match="durable-tmp"):
+                w.write_bytes(bad, b"data")
+            with pytest.raises(ValueError, match="durable-tmp"):
+                w.fs.pipe_file(f"{w.path}/{bad}", b"data")
+        w.write_bytes("ok", b"data")
+    assert e.state() is State.COMPLETE
+    assert sorted(marker_doc(place)["manifest"]) == ["ok"]
+
+
+def test_a_copy_into_the_entry_is_of_the_recorded_bytes_only(place: Place) -> None:
+    """``w.fs.cp_file`` from another committed entry read the source unchecked: damaged
+    bytes there were copied, recorded with their own CRC32C, and committed as good data
+    (durable::'s cp_file checks). Now the copy is refused, naming the source."""
+    src = Entry(place.url("src"))
+    with src.writing() as w:
+        w.write_bytes("obj", b"the recorded bytes")
+    place.write("src/obj", b"the damaged  bytes")  # same size, around durable
+    dst = Entry(place.url("dst"))
+    with pytest.raises(IntegrityError, match="src/obj"), dst.writing() as w:
+        w.fs.cp_file(place.url("src", "obj"), f"{w.path}/obj")
+    assert dst.state() is State.ABSENT
+    with dst.writing() as w:  # an unrecorded source is copied as it is
+        place.write("plain", b"no record")
+        w.fs.cp_file(place.url("plain"), f"{w.path}/plain")
+    assert read_verified(place.url("dst", "plain")) == b"no record"
+
+
+def test_nothing_is_written_through_a_symlinked_directory(
+        tmp_path: os.PathLike[str]) -> None:
+    """A directory of an INCOMPLETE entry swapped for a symlink, then a resumed writer:
+    its objects below that directory were written wherever the link pointed, and the
+    commit (whose listing never follows a link) refused them as "gone at commit", leaving
+    them there. Now the write is refused, naming the link; nothing lands outside."""
+    root = os.path.realpath(tmp_path)
+    outside = os.path.join(root, "outside")
+    os.makedirs(outside)
+    os.makedirs(os.path.join(root, "ent"))
+    os.symlink(outside, os.path.join(root, "ent", "sub"))
+    e = Entry(os.path.join(root, "ent"))
+    with e.writing(resume=True) as w:
+        with pytest.raises(ValueError, match="symlink"):
+            w.write_bytes("sub/chunk", b"x")
+        with pytest.raises(ValueError, match="symlink"):
+            w.fs.pipe_file(f"{w.path}/sub/deeper/chunk", b"x")
+        w.write_bytes("kept", b"inside")
+    assert os.listdir(outside) == []
+    assert e.state() is State.COMPLETE
+
+
 def test_writing_outside_the_entry_is_refused(place: Place) -> None:
     place.write("sentinel", b"outside")
     e = Entry(place.url("ent"))

@@ -8,6 +8,7 @@ store. Small heartbeats (0.2 s) and staleness (1 s) keep it quick.
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -503,3 +504,37 @@ def test_killed_holder_child_really_held_it(local: Place) -> None:
         time.sleep(0.05)
     kid.signal(signal.SIGTERM)
     kid.proc.communicate()
+
+
+def test_a_lease_file_nested_too_deeply_is_no_lease_to_its_readers(local: Place) -> None:
+    """A lease file of a few KiB nested deeper than json parses: its readers (a writer
+    refused the lease, a waiter judging it) raised a bare RecursionError instead of taking
+    it for what it is, not a lease."""
+    entry = local.entry()
+    os.makedirs(os.path.dirname(entry.layout.lease))
+    with open(entry.layout.lease, "w") as f:
+        f.write("[" * 5000 + "]" * 5000)
+    assert LeaseWatch(local.url).peek() is None
+    with pytest.raises(IncompleteExistsError, match="holds its lease"):
+        local.lease().acquire()
+
+
+def test_a_symlink_at_the_lock_files_path_is_never_followed(local: Place) -> None:
+    """Conditional writes on a local disk lock a sidecar file, created if missing: a
+    symlink planted at its path made that create (and lock) a file wherever it pointed,
+    outside the entry. Now the lease fails, naming the lock file."""
+    from durable.adapters.local import _lock_path
+
+    entry = local.entry()
+    lock = _lock_path(entry.layout.lease)
+    outside = os.path.join(os.path.dirname(local.url), "outside")
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    os.symlink(outside, lock)
+    lease = local.lease().acquire()  # create-only: no lock taken
+    try:
+        with pytest.raises(OSError, match="lock file is a symlink"):
+            lease.renew()  # a conditional rewrite: under the lock
+    finally:
+        with contextlib.suppress(Exception):
+            lease.release()
+    assert not os.path.lexists(outside)

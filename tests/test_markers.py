@@ -137,6 +137,7 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "version as bool": with_field(version=True),
     "unknown kind": with_field(kind="directory"),
     "attempt with a path": with_field(attempt="../../x"),
+    "attempt not ascii": with_field(attempt="\u0661\u0662\u00bd"),
     "writer not an object": with_field(writer=["pid"]),
     "no manifest at all": lambda place, doc: {k: v for k, v in doc.items() if k != "manifest"},
     "both manifest and manifest_ref": with_field(
@@ -178,7 +179,44 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "external with .. key": external_with(manifest={"../sentinel": {"size": 1,
                                                                     "crc32c": "00000000"}}),
     "external not an object": external_with(manifest=["a"]),
+    # A key twice in one object: Python keeps the last value, other JSON readers the first.
+    "manifest twice": lambda place, doc: duplicated(doc, "manifest", {"a": doc["manifest"]["a"]}),
+    "key twice in the manifest": lambda place, doc: duplicated(
+        doc["manifest"], "a", doc["manifest"]["a"], within=doc, at="manifest"),
+    "size twice": lambda place, doc: duplicated(
+        doc["manifest"]["a"], "size", doc["manifest"]["a"]["size"], within=doc,
+        at="manifest.a"),
+    "external with a key twice": lambda place, doc: _external_raw(
+        place, doc, duplicated({"format": "durable.commit.manifest",
+                                "attempt": doc["attempt"], "manifest": doc["manifest"]},
+                               "attempt", doc["attempt"])),
 }
+
+
+def duplicated(obj: Doc, key: str, value: Any, *, within: Doc | None = None,
+               at: str = "") -> bytes:
+    """``obj`` as JSON with ``key: value`` added again at its end; inside ``within`` (at
+    the dotted path ``at``) when given, else alone."""
+    inner = json.dumps(obj)[:-1] + f", {json.dumps(key)}: {json.dumps(value)}}}"
+    if within is None:
+        return inner.encode()
+    marker = "\x00PLACE\x00"
+    doc = copy.deepcopy(within)
+    *parents, last = at.split(".")
+    holder = doc
+    for p in parents:
+        holder = holder[p]
+    holder[last] = marker
+    return json.dumps(doc).replace(json.dumps(marker), inner).encode()
+
+
+def _external_raw(place: Place, doc: Doc, blob: bytes) -> Doc:
+    """The marker pointing at ``blob`` (raw bytes) as its external manifest."""
+    doc = {k: v for k, v in doc.items() if k != "manifest"}
+    name = f"manifest-{doc['attempt']}.json"
+    place.write(f".durable/ent/{name}", blob)
+    doc["manifest_ref"] = {"key": name, "size": len(blob), "crc32c": crc_hex(blob)}
+    return doc
 
 
 def _rm_ext(place: Place, doc: Doc) -> Doc:
@@ -333,3 +371,119 @@ def test_delete_does_not_follow_a_hostile_marker(entry: tuple[Place, Entry, Doc]
     assert e.state() is State.ABSENT
     assert Entry(place.url("sibling")).state() is State.COMPLETE
     assert place.read("sentinel") == b"outside the entry"
+
+
+@pytest.mark.parametrize("how", ["overwrite", "delete"])
+def test_a_key_through_a_symlinked_directory_never_removes_what_it_points_to(
+        tmp_path: os.PathLike[str], how: str) -> None:
+    """A directory of the entry swapped for a symlink to another zarr tree, and a marker
+    naming "link/zarr.json": a string check passes that key, and overwriting the entry
+    unlinked the other tree's zarr.json through the link (its documents go first, by the
+    manifest). Only the link goes; what it points to is untouched."""
+    from durable._protocol import Layout
+
+    root = os.path.realpath(tmp_path)
+    other = os.path.join(root, "other.zarr")
+    os.makedirs(os.path.join(other, "c"))
+    for rel, data in (("zarr.json", b"{}"), ("c/0", b"chunk")):
+        with open(os.path.join(other, rel), "wb") as f:
+            f.write(data)
+    before = tree(other)
+    e = Entry(os.path.join(root, "ent"))
+    with e.writing() as w:
+        w.write_bytes("a", b"a")
+        w.write_bytes("z", b"z")
+    os.symlink(other, os.path.join(root, "ent", "link"))
+    marker = Layout(e.path).marker
+    with open(marker, "rb") as f:
+        doc = json.load(f)
+    doc["manifest"]["link/zarr.json"] = {"size": 2, "crc32c": crc_hex(b"{}")}
+    os.remove(marker)
+    with open(marker, "w") as f:
+        json.dump(doc, f)
+    assert e.state() is State.COMPLETE  # the first and last objects are there
+    if how == "overwrite":
+        with e.writing(overwrite=True) as w:
+            w.write_bytes("a", b"new")
+        assert e.verify(deep=True).ok
+    else:
+        e.delete()
+        assert e.state() is State.ABSENT
+    assert not os.path.lexists(os.path.join(root, "ent", "link"))
+    assert tree(other) == before
+
+
+def test_deleting_an_entry_that_is_a_symlink_leaves_the_tree_it_points_to(
+        tmp_path: os.PathLike[str]) -> None:
+    """An entry path that is a symlink to a zarr tree: the listing goes through it, and the
+    delete unlinked that tree's zarr.json (its documents go first) before removing the link,
+    leaving the other tree half-deleted. Only the link goes."""
+    root = os.path.realpath(tmp_path)
+    other = os.path.join(root, "real.zarr")
+    os.makedirs(os.path.join(other, "c"))
+    for rel, data in (("zarr.json", b"{}"), ("c/0", b"chunk")):
+        with open(os.path.join(other, rel), "wb") as f:
+            f.write(data)
+    before = tree(other)
+    os.symlink(other, os.path.join(root, "ent"))
+    e = Entry(os.path.join(root, "ent"))
+    e.delete()
+    assert not os.path.lexists(os.path.join(root, "ent"))
+    assert tree(other) == before
+
+
+def test_a_key_longer_than_a_file_name_can_be_is_missing(tmp_path: os.PathLike[str]) -> None:
+    """A manifest key whose segment is longer than the file system takes (S3 keys take
+    1,024 bytes): state() raised a bare ENAMETOOLONG OSError, and so did the way out of a
+    bad marker, writing(overwrite=True). Such an object is missing."""
+    from durable._protocol import Layout
+
+    e = Entry(os.path.join(os.path.realpath(tmp_path), "ent"))
+    with e.writing() as w:
+        w.write_bytes("a", b"a")
+        w.write_bytes("z", b"z")
+    marker = Layout(e.path).marker
+    with open(marker, "rb") as f:
+        good = json.load(f)
+    for long_key, state in (("z" * 300, State.INCOMPLETE),  # the last key: state() stats it
+                            ("m" * 300 + "/zarr.json", State.COMPLETE)):  # a middle one
+        doc = copy.deepcopy(good)
+        doc["manifest"][long_key] = {"size": 1, "crc32c": crc_hex(b"z")}
+        os.remove(marker)
+        with open(marker, "w") as f:
+            json.dump(doc, f)
+        assert e.state() is state
+        report = e.verify(raise_errors=False)
+        assert [(p.key, p.issue) for p in report.problems] == [(long_key, "missing")]
+        with pytest.raises(IntegrityError, match="missing"):
+            read_verified(os.path.join(e.path, long_key))
+        with e.writing(overwrite=True) as w:  # a COMPLETE one: its manifest's documents
+            w.write_bytes("a", b"a")  # are removed first, by their keys
+            w.write_bytes("z", b"z")
+        assert e.state() is State.COMPLETE
+
+
+def test_an_external_manifest_larger_than_recorded_is_refused_unread(
+        entry: tuple[Place, Entry, Doc]) -> None:
+    """An external manifest file larger than the size its marker recorded was read whole
+    (up to any manifest's 1 GiB) before the sizes were compared: every state() of the
+    entry took that much memory. It is refused from its size, before a byte is read."""
+    import tracemalloc
+
+    place, e, doc = entry
+    ext, blob = external(place, doc)
+    place.write(MARKER, json.dumps(ext).encode())
+    assert e.state() is State.COMPLETE
+    name = f".durable/ent/{ext['manifest_ref']['key']}"
+    if place.kind == "file":
+        os.truncate(os.path.join(place.root, name), 64 * 1024 * 1024)  # sparse: no disk
+    else:
+        place.write(name, blob + b" " * (64 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        with pytest.raises(MarkerError, match=f"recorded an external manifest of {len(blob)}"):
+            e.state()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, peak

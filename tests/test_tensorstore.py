@@ -35,6 +35,7 @@ from durable import (
     Entry,
     IncompleteError,
     IntegrityError,
+    MarkerError,
     State,
     UnsupportedError,
 )
@@ -1464,3 +1465,16 @@ def test_a_relative_path_is_the_one_under_the_current_directory(
     assert dts.open(where).read().result().tolist() == [1] * 4
     dts.write(where, np.full((4,), 3, "int32"), overwrite=True)
     assert dts.open(where).read().result().tolist() == [3] * 4
+
+
+def test_a_marker_that_is_a_symlink_is_named_once(tmp_path: Any) -> None:
+    """durable.tensorstore.open of an entry whose marker is a symlink: a MarkerError that
+    named the marker twice ("commit.json: file:///.../commit.json is a symlink")."""
+    url = os.path.join(os.path.realpath(tmp_path), "arr")
+    entry = dts.write(url, np.arange(16, dtype="i4").reshape(4, 4))
+    marker = entry.layout.marker
+    os.rename(marker, marker + ".real")
+    os.symlink(marker + ".real", marker)
+    with pytest.raises(MarkerError, match="is a symlink") as info:
+        dts.open(url)
+    assert str(info.value).count(entry.adapter.url(marker)) == 1, str(info.value)

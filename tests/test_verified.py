@@ -370,3 +370,35 @@ def test_a_directory_is_not_an_object_and_says_so(place: Place) -> None:
     with pytest.raises(FileNotFoundError, match="no such object"):
         read_verified(place.url("nothing-here"))
     assert read_verified(place.url("ds", "a.bin")) == b"payload"
+
+
+@pytest.mark.parametrize("what", ["a symlink", "a special file"])
+def test_a_symlink_or_fifo_is_named_by_every_reader(tmp_path: os.PathLike[str],
+                                                     what: str) -> None:
+    """A symlink (or a FIFO) where an object is read: durable never reads through it,
+    and said "not found" naming a path that is there, or called it "a directory"."""
+    import fsspec
+
+    root = os.path.realpath(tmp_path)
+    target = os.path.join(root, "target")
+    with open(target, "wb") as f:
+        f.write(b"elsewhere")
+    plain, recorded = os.path.join(root, "plain"), os.path.join(root, "recorded")
+    with atomic_write(recorded) as f:
+        f.write(b"recorded!")
+    os.remove(recorded)
+    for path in (plain, recorded):
+        if what == "a symlink":
+            os.symlink(target, path)
+        else:
+            os.mkfifo(path)
+    readers: list[Callable[[str], object]] = [
+        lambda p: read_verified(p, require_record=False),
+        read_verified,
+        lambda p: open_verified(p, require_record=False).read(),
+        lambda p: fsspec.open(f"durable::file://{p}").open().read()]
+    for read in readers:
+        with pytest.raises(FileNotFoundError, match=f"{what}, not an object"):
+            read(plain)
+        with pytest.raises(IntegrityError, match=f"recorded with 9 bytes but {what} is there"):
+            read(recorded)

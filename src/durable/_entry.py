@@ -30,7 +30,6 @@ from durable._errors import (
 from durable._fragments import MAX_FRAGMENT_BYTES, decode_fragment, fragments_dir
 from durable._protocol import (
     MARKER_NAME,
-    MAX_MANIFEST_BYTES,
     MAX_MARKER_BYTES,
     RECORDS_DIR,
     Layout,
@@ -206,9 +205,15 @@ class Entry:
             mpath = self.layout.external_manifest(marker.manifest_ref.key)
             murl = self.adapter.url(mpath)
             try:
-                blob = self.adapter.read(mpath, limit=MAX_MANIFEST_BYTES)
+                # Limited to the size the marker recorded, not to any manifest's 1 GiB: a
+                # larger file is refused from its stat, before a byte of it is read.
+                blob = self.adapter.read(mpath, limit=marker.manifest_ref.size)
             except ValueError as exc:
-                raise MarkerError(f"{murl}: {exc}", url=murl) from None
+                raise MarkerError(
+                    f"{murl}: the marker recorded an external manifest of "
+                    f"{marker.manifest_ref.size} bytes; "
+                    + (str(exc).replace(murl, "this one") if murl in str(exc) else str(exc)),
+                    url=murl, expected=marker.manifest_ref.size) from None
             if blob is None:
                 raise MarkerError(f"{murl}: the marker's external manifest is missing",
                                   url=murl)
@@ -854,6 +859,20 @@ class EntryWriter:
             # entry of the writer that took the lease over.
             self._lease.check()
         check_key(key, self.url)
+        if TMP_MARK in key.rpartition("/")[2]:
+            # The commit removes such names as a killed writer's temp files, and then
+            # refused this write for an object "gone at commit".
+            raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a name "
+                             f"with {TMP_MARK!r} is one of durable's temp files, which the "
+                             "commit removes as a killed writer's leftovers; rename it")
+        head, sep, rest = key.partition("/")
+        if sep and self.entry.adapter.through_link(f"{self.path}/{head}", rest):
+            # A directory of the entry that is a symlink (left there before a resume) would
+            # take the object outside the entry; the commit, whose listing never follows a
+            # link, then refused it as "gone at commit", and the bytes stayed out there.
+            raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a directory "
+                             "on its way is a symlink; durable writes nothing through a link "
+                             "(it could point outside the entry)")
         self._listing = None  # taken before this write: no longer the whole entry
         with self._lock:
             # Written again: an fsync started before covers the old bytes, not these.
@@ -1022,7 +1041,13 @@ def delete_tree(adapter: Adapter, path: str, keys: list[str] | None = None) -> N
     listing, in one request where the store deletes in batches; then the rest."""
     if keys is None:
         keys = list(adapter.list(path))
-    first = [f"{path}/{k}" for k in keys if k.rpartition("/")[2] in OPENED_FIRST]
+    # Never through a link (a symlink, on a local disk): a manifest's keys were checked as
+    # strings only, so a directory of the entry swapped for a symlink would take
+    # "link/zarr.json" to a file outside the entry, and an entry that is itself a symlink
+    # lists (and would lose) the documents of the tree it points to. Those are left to
+    # `delete_prefix`, which removes the link and never what lies behind it.
+    first = [f"{path}/{k}" for k in keys if k.rpartition("/")[2] in OPENED_FIRST
+             and not adapter.through_link(path, k)]
     if first:
         adapter.delete(first)
     adapter.delete_prefix(path)

@@ -383,7 +383,8 @@ class LeaseWatch:
                 return None
             with self.adapter.open_read(self.path, info) as f:
                 doc = json.loads(f.read(_MAX_BODY + 1))
-        except (OSError, DurableError, ValueError):
+        # RecursionError: nested too deeply (a few KiB do it), not a lease either.
+        except (OSError, DurableError, ValueError, RecursionError):
             return None  # replaced or removed meanwhile, or not a lease: the next poll sees
         return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
 

@@ -294,7 +294,10 @@ class Marker:
                               url=where)
         attempt = doc.get("attempt")
         committed_at = doc.get("committed_at")
-        if not isinstance(attempt, str) or not attempt.isalnum() or len(attempt) > 64:
+        # ASCII: str.isalnum() also takes "١٢" or "½", which a reader in another language
+        # (and `from_metadata`) refuses; the id names files (manifest-<attempt>.json).
+        if (not isinstance(attempt, str) or not attempt.isascii() or not attempt.isalnum()
+                or len(attempt) > 64):
             raise MarkerError(f"{where}: bad attempt id {attempt!r:.80}", url=where)
         if not isinstance(committed_at, str) or len(committed_at) > 64:
             raise MarkerError(f"{where}: bad committed_at {committed_at!r:.80}", url=where)
@@ -478,12 +481,33 @@ def _dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=False).encode()
 
 
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return doc
+
+
 def _loads(data: bytes, where: str) -> dict[str, Any]:
     try:
         # UTF-8 only, as the protocol says (json.loads of bytes would also take UTF-16
-        # and UTF-32): a record is read the same way by every reader.
+        # and UTF-32): a record is read the same way by every reader. A key twice in one
+        # object is refused: Python keeps the last value, other readers the first, so two
+        # readers of one marker would trust two manifests (or two sizes of one object).
         doc = json.loads(data.decode("utf-8") if isinstance(data, bytes | bytearray)
-                         else data)
+                         else data, object_pairs_hook=_unique)
+    except _DuplicateKeyError as exc:
+        raise MarkerError(f"{where}: the key {exc.args[0]!r:.80} appears twice in one JSON "
+                          "object; which value to trust would be a guess",
+                          url=where) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MarkerError(f"{where}: not valid JSON ({exc})", url=where) from None
     if not isinstance(doc, dict):

@@ -3,8 +3,8 @@
 Code that already writes through fsspec (``fs.open(p, "wb")``, ``fs.pipe_file``, a mapper,
 pandas, zarr's FsspecStore) gets, by using ``writer.fs``, every object's size and CRC32C
 recorded as it streams, so the commit needs no second read. Reads go to the real
-filesystem unchanged. Writes outside the entry are refused: they would not be covered by
-its marker.
+filesystem unchanged; the source of a copy (``cp_file``) is read against its record.
+Writes outside the entry are refused: they would not be covered by its marker.
 """
 
 from __future__ import annotations
@@ -94,7 +94,13 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 f.write(block)
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
-        self.pipe_file(path, b"")
+        self._still_writing()
+        if truncate or not self.exists(path):
+            self.pipe_file(path, b"")
+        # truncate=False on an object that is there leaves its bytes as they are (it was
+        # emptied). fsspec updates the timestamp only "if the backend allows"; not here: a
+        # new mtime is a new version of a recorded object, which the commit would take for
+        # another writer's.
 
     def _still_writing(self) -> None:
         # After the commit a delete through the writer would take an object out of a
@@ -131,7 +137,15 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self.fs.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        with self.fs.open(self._strip_protocol(path1), "rb") as src, self.open(
+        # Read against the source's record where it has one (as durable::'s cp_file):
+        # a copy of damaged bytes would be recorded with their own CRC32C, and from then
+        # on read back as good. An unrecorded source is checked for its length only.
+        from durable._verified import expected_of, open_verified_path
+
+        adapter = self.writer.entry.adapter
+        source = self._strip_protocol(path1)
+        size, crc = expected_of(adapter, source)
+        with open_verified_path(adapter, source, size, crc) as src, self.open(
                 path2, "wb") as dst:
             while block := src.read(_COPY_BLOCK):
                 dst.write(block)

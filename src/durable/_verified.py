@@ -182,6 +182,29 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
     return rec.size, rec.crc32c
 
 
+def expected_of(adapter: Adapter, path: str) -> tuple[int | None, int | None]:
+    """(size, CRC32C) the object's record gives, (None, None) where it has none."""
+    return _expected(adapter, path, None, None, False)
+
+
+def missing_error(adapter: Adapter, path: str, url: str, size: int | None) -> OSError:
+    """The error for an object `info` did not find, saying what is there instead where
+    the adapter can tell: a symlink (never followed: it could point anywhere) was "not
+    found", or "a directory", while the name was there."""
+    what = adapter.not_an_object(path)
+    if size is not None:
+        found = "missing" if what is None else f"{what} is there, not an object"
+        return IntegrityError(f"{url}: recorded with {size} bytes but {found}", url=url,
+                              expected=size, found=what or "missing")
+    if what is None:
+        return FileNotFoundError(errno.ENOENT, "no such object", url)
+    if what == "a directory":
+        return IsADirectoryError(errno.EISDIR, "a directory, not an object", url)
+    return FileNotFoundError(errno.ENOENT, f"{what}, not an object: durable never reads "
+                             "through a symlink or from a special file (it could be "
+                             "anything, anywhere); read its target", url)
+
+
 def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
                 body: BinaryIO | None) -> NoReturn:
     """Why an object no record covers cannot be read: it is not there (FileNotFoundError),
@@ -189,6 +212,9 @@ def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
     (IncompleteError). Only this failure path costs the stat or read it takes."""
     url = adapter.url(path)
     if info is None:
+        what = adapter.not_an_object(path)
+        if what is not None and what != "a directory":
+            raise missing_error(adapter, path, url, None)
         if adapter.exists(path):
             # Objects below it: an entry or a folder, which has no bytes of its own.
             raise IsADirectoryError(errno.EISDIR, "a directory (or prefix), not an object: "
@@ -237,10 +263,7 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
         if not first:
             opened = adapter.open_whole(path)
         if opened is None:
-            if size is not None:
-                raise IntegrityError(f"{where}: recorded with {size} bytes but missing",
-                                     url=where, expected=size, found="missing")
-            raise FileNotFoundError(where)
+            raise missing_error(adapter, path, where, size)
         info, f = opened
         if size is not None and info.size != size:
             # Refused before the body is taken in: no short, long or error body is read.
@@ -295,10 +318,7 @@ def open_verified_path(adapter: Adapter, path: str, size: int | None,
     if not stat_taken:
         info = adapter.info(path)
     if info is None:
-        if size is not None:
-            raise IntegrityError(f"{url}: recorded with {size} bytes but missing", url=url,
-                                 expected=size, found="missing")
-        raise FileNotFoundError(url)
+        raise missing_error(adapter, path, url, size)
     if size is not None and info.size != size:
         raise IntegrityError(f"{url}: recorded with {size} bytes, the store says {info.size}",
                              url=url, expected=size, found=info.size)
@@ -343,6 +363,11 @@ class VerifiedReader(io.RawIOBase):
         self._f.seek(pos)
         self._pos = pos
         return pos
+
+    def check_whole(self) -> None:
+        """Check the whole object now, before any more bytes are handed out (once)."""
+        if not self._verified:
+            self._verify_whole()
 
     def _verify_whole(self) -> None:
         ck = Checksum()

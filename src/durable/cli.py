@@ -200,7 +200,7 @@ def _keep_pairs(ctx: click.Context, param: click.Parameter, value: tuple[str, ..
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", ctx, param)
         try:
             parsed: Any = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested too deeply: not JSON to take
             parsed = raw
         ctx.meta.setdefault("durable.pairs", []).append((key, parsed))
 
@@ -224,7 +224,9 @@ def _common(f: F) -> F:
 def _options_json(text: str, where: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: nested too deeply. Raised while click parses options, outside
+        # the command's error handling: it was a bare traceback.
         raise click.UsageError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise click.UsageError(f"{where}: must be a JSON object, got {type(value).__name__}")
@@ -347,7 +349,7 @@ def _fail(exc: Exception) -> NoReturn:
     else:
         line = (f"durable: unexpected error: {type(exc).__name__}: {message} "
                 "(--debug shows the traceback)")
-    click.echo(line, err=True)
+    click.echo(_printable(line), err=True)
     sys.exit(EXIT_ERROR)
 
 
@@ -356,6 +358,22 @@ def _console() -> Console:
     # Piped output is never wrapped: a URL cut in two lines is useless to grep or cut.
     tty = sys.stdout.isatty()
     return Console(file=sys.stdout, highlight=False, width=None if tty else 100_000)
+
+
+# C0 and C1 controls (ESC starts a terminal escape sequence) and the bidi overrides that
+# reorder what a terminal shows: spelt out, never sent to the terminal.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(value: str) -> str:
+    """``value`` with control characters written as escapes (``\\x1b``): names, reasons
+    and marker fields come from the store (an object's name, a hostile or corrupt record)
+    and must not clear, recolour or rewrite the screen of whoever runs the command."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], value)
+
+
+def _text(value: str, style: str = "") -> Text:
+    return Text(_printable(value), style=style)
 
 
 def _emit_json(doc: dict[str, Any]) -> None:
@@ -481,13 +499,13 @@ def status(ctx: click.Context, url: str, as_json: bool) -> None:
     if as_json:
         _emit_json(doc)
     else:
-        lines = [("url", Text(doc["url"]))]
+        lines = [("url", _text(doc["url"]))]
         if holder is not None:
-            lines.append(("entry", Text(doc["entry"])))
-        lines += [("state", _state_text(doc["state"])), ("reason", Text(doc["reason"]))]
+            lines.append(("entry", _text(doc["entry"])))
+        lines += [("state", _state_text(doc["state"])), ("reason", _text(doc["reason"]))]
         if (m := doc["marker"]) is not None:
             writer = " ".join(f"{k}={v}" for k, v in m["writer"].items())
-            lines += [(label, Text(value)) for label, value in (
+            lines += [(label, _text(value)) for label, value in (
                 ("attempt", m["attempt"]), ("committed_at", m["committed_at"]),
                 ("writer", writer), ("kind", m["kind"]), ("objects", str(m["objects"])),
                 ("total_size", _size(m["total_size"])))]
@@ -584,20 +602,20 @@ def verify(ctx: click.Context, url: str, deep: bool, as_json: bool, workers: int
         if as_json:
             _emit_json(doc)
         else:
-            _console().print(_state_text(state.value), Text(f"not verified: {reason}"))
+            _console().print(_state_text(state.value), _text(f"not verified: {reason}"))
         ctx.exit(_STATE_EXIT[state])
     doc = verify_doc(report)
     if as_json:
         _emit_json(doc)
     else:
         console = _console()
-        console.print(Text(f"{report.url}: {doc['reason']}"),
-                      Text("OK", style="green") if report.ok else Text("FAILED", style="red"))
+        console.print(_text(f"{report.url}: {doc['reason']}"),
+                      _text("OK", style="green") if report.ok else _text("FAILED", style="red"))
         if report.problems:
             table = Table("object", "issue", "expected", "found")
             for p in report.problems:
-                table.add_row(Text(p.key or p.url), Text(p.issue), Text(_show(p.expected)),
-                              Text(_show(p.found)))
+                table.add_row(_text(p.key or p.url), _text(p.issue), _text(_show(p.expected)),
+                              _text(_show(p.found)))
             console.print(table)
     ctx.exit(EXIT_OK if report.ok else EXIT_MISMATCH)
 
@@ -640,7 +658,7 @@ def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], de
                  f"entries without one ({report.not_verified_objects} objects), not verified"
                  if report.not_verified else "no entries under it")
         _console().print(_state_text(state.value),
-                         Text(f"nothing verified under {doc['root']}: {found}"))
+                         _text(f"nothing verified under {doc['root']}: {found}"))
     else:
         console = _console()
         failed = [r for r in report.reports if not r.ok]
@@ -648,8 +666,8 @@ def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], de
             table = Table("entry", "object", "issue", "expected", "found")
             for r in failed:
                 for p in r.problems:
-                    table.add_row(Text(r.url), Text(p.key or p.url), Text(p.issue),
-                                  Text(_show(p.expected)), Text(_show(p.found)))
+                    table.add_row(_text(r.url), _text(p.key or p.url), _text(p.issue),
+                                  _text(_show(p.expected)), _text(_show(p.found)))
             console.print(table)
         checked = "sizes and CRC32C" if deep else "sizes"
         summary = (f"{doc['entries']} entries under {doc['root']} verified ({checked}): "
@@ -657,8 +675,8 @@ def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], de
         if report.not_verified:
             summary += (f"; {len(report.not_verified)} without a marker "
                         f"({report.not_verified_objects} objects), not verified")
-        console.print(Text(summary), Text("OK", style="green") if report.ok
-                      else Text("FAILED", style="red"))
+        console.print(_text(summary), _text("OK", style="green") if report.ok
+                      else _text("FAILED", style="red"))
     if state is not None:
         ctx.exit(_STATE_EXIT[state])
     ctx.exit(EXIT_OK if report.ok else EXIT_MISMATCH)
@@ -706,11 +724,11 @@ def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: b
             table = Table("state", "objects", "size", "age", "lease", "url", "reason")
             for r in rows:
                 table.add_row(_state_text(r.state), str(r.objects), _size(r.size),
-                              _age_text(r.age), Text(_holder(r.lease)), Text(r.url),
-                              Text(r.reason))
+                              _age_text(r.age), _text(_holder(r.lease)), _text(r.url),
+                              _text(r.reason))
             console.print(table)
         summary = ", ".join(f"{n} {s}" for s, n in doc["counts"].items() if n)
-        console.print(Text(f"{len(rows)} entries under {root}" +
+        console.print(_text(f"{len(rows)} entries under {root}" +
                            (f": {summary}" if summary else "")))
     if fail_on_incomplete and any(r.state != "COMPLETE" for r in rows):
         ctx.exit(EXIT_INCOMPLETE)
@@ -788,14 +806,14 @@ def mark_complete_cmd(ctx: click.Context, root: str, do_apply: bool, as_json: bo
         _emit_json(doc)
     else:
         console = _console()
-        console.print(Text(TRUST, style="bold yellow"))
+        console.print(_text(TRUST, style="bold yellow"))
         if report.adoptions or report.skipped:
             table = Table("status", "objects", "size", "url", "reason")
             for a in report.adoptions:
-                table.add_row(Text(a.status), str(a.objects), _size(a.size), Text(a.url),
-                              Text(a.reason))
+                table.add_row(_text(a.status), str(a.objects), _size(a.size), _text(a.url),
+                              _text(a.reason))
             for sk in report.skipped:
-                table.add_row(Text("skipped"), "-", "-", Text(sk.url), Text(sk.reason))
+                table.add_row(_text("skipped"), "-", "-", _text(sk.url), _text(sk.reason))
             console.print(table)
         c = doc["counts"]
         if do_apply:
@@ -804,7 +822,7 @@ def mark_complete_cmd(ctx: click.Context, root: str, do_apply: bool, as_json: bo
         else:
             line = (f"dry run: {c['planned']} entries would be marked COMPLETE "
                     "(--apply to write)")
-        console.print(Text(f"{line}; {len(report.skipped)} unmarked entries skipped; "
+        console.print(_text(f"{line}; {len(report.skipped)} unmarked entries skipped; "
                            f"{report.marked} entries already have a marker"))
     ctx.exit(EXIT_PARTIAL if doc["counts"]["failed"] else EXIT_OK)
 
@@ -896,16 +914,16 @@ def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
             table = Table("status", "kind", "age", "url", "reason")
             for i in report.items:
                 reason = f"{i.reason}; {i.detail}" if i.detail else i.reason
-                table.add_row(Text(i.status), Text(i.kind), _age_text(i.age), Text(i.url),
-                              Text(reason))
+                table.add_row(_text(i.status), _text(i.kind), _age_text(i.age), _text(i.url),
+                              _text(reason))
             for k in report.kept:
-                table.add_row(Text("kept"), "-", "-", Text(k.url), Text(k.reason))
+                table.add_row(_text("kept"), "-", "-", _text(k.url), _text(k.reason))
             console.print(table)
         c = doc["counts"]
         line = (f"{c['removed']} removed, {c['skipped']} skipped, {c['failed']} failed"
                 if do_apply else f"dry run: {c['planned']} would be removed (--apply to "
                                  "remove)")
-        console.print(Text(f"{line}; {len(report.kept)} kept"))
+        console.print(_text(f"{line}; {len(report.kept)} kept"))
     ctx.exit(EXIT_PARTIAL if doc["counts"]["failed"] else EXIT_OK)
 
 

@@ -67,8 +67,8 @@ from fsspec.utils import isfilelike, stringify_path
 from durable._atomic import publish
 from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import RECORDS_DIR, Layout
-from durable._verified import VerifiedReader, find_record
-from durable.adapters import adapter_for_fs
+from durable._verified import VerifiedReader, find_record, missing_error
+from durable.adapters import adapter_for_fs, refuse_ambiguous
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
 from durable.adapters.local import TMP_MARK, LocalAdapter
 
@@ -95,6 +95,9 @@ class DurableWriteFile(io.BufferedIOBase):
         if any(part == RECORDS_DIR for part in path.split("/")):
             raise ValueError(f"{fs.adapter.url(path)}: paths inside {RECORDS_DIR!r} "
                              "directories hold durable's records, not data")
+        # As atomic_write refuses them: written, "a/../b" would be a literal key that
+        # read_verified (and a copy to a disk) takes for another object.
+        refuse_ambiguous(fs.adapter, path, fs.unstrip_protocol(path))
         self.fs = fs
         self.path = path
         self.mode = "xb" if create_only else "wb"
@@ -333,7 +336,17 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         # Read verified, written atomically: a copy is never of bytes that were wrong.
-        with self.open(path1, "rb") as src, self.open(path2, "wb") as dst:
+        try:
+            src = self.open(path1, "rb")
+        except (FileNotFoundError, IsADirectoryError):
+            # A directory, as a recursive copy or move lists them (fsspec's mv stops at
+            # the first FileNotFoundError: `mv -r` of any directory failed): made, as the
+            # local and memory filesystems' cp_file do; nothing to do on object stores.
+            if not self.fs.isdir(self._strip_protocol(path1)):
+                raise
+            self.fs.makedirs(self._strip_protocol(path2), exist_ok=True)
+            return
+        with src, self.open(path2, "wb") as dst:
             while block := src.read(_COPY_BLOCK):
                 dst.write(block)
 
@@ -353,10 +366,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         if found is not None:
             size, crc = found.record.size, found.record.crc32c
         if info is None:
-            if size is not None:
-                raise IntegrityError(f"{url}: recorded with {size} bytes but missing",
-                                     url=url, expected=size, found="missing")
-            raise FileNotFoundError(url)
+            raise missing_error(adapter, path, url, size)
         if size is not None and info.size != size:
             raise IntegrityError(f"{url}: recorded with {size} bytes, the store says "
                                  f"{info.size}", url=url, expected=size, found=info.size)
@@ -388,6 +398,11 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             stop = min(stop, size)
             if first >= stop:
                 return b""
+            if stop - first < size:
+                # A part of the object: checked whole first, as a seek does. From byte 0
+                # it would otherwise be the start of a sequential read, whose CRC32C is
+                # checked only at the end, which the range never reaches.
+                cast(VerifiedReader, f.raw).check_whole()
             if first:
                 f.seek(first)
             return bytes(f.read(stop - first))
@@ -451,9 +466,17 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             with contextlib.suppress(OSError, NotImplementedError, ValueError):
                 self.fs.rmdir(layout.records.rpartition("/")[0])
 
+    def _a_directory(self, path: str) -> bool:
+        """Something is at ``path`` but no object: a directory or prefix (or a symlink)."""
+        return self.adapter.info(path) is None and self.adapter.exists(path)
+
     def rm_file(self, path: str) -> None:
         path = self._strip_protocol(path)
         layout = self._layout(path)
+        if layout is not None and self._a_directory(path):
+            # A directory (a prefix entry): rm_file does not remove it (an error on a
+            # local disk, nothing on an object store), so its commit stays with it.
+            layout = None
         if layout is not None:
             # Marker first: from here on the object is never taken for a recorded one.
             self.adapter.delete([layout.marker])
@@ -462,7 +485,11 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
-        layouts = [lo for lo in map(self._layout, paths) if lo is not None]
+        # Not recursive: a directory (a prefix entry) is not removed (an error on a local
+        # disk, nothing on an object store), so its marker and records stay; only objects
+        # lose theirs. A refused rm took a COMPLETE entry's marker and left its data.
+        removed = paths if recursive else [p for p in paths if not self._a_directory(p)]
+        layouts = [lo for lo in map(self._layout, removed) if lo is not None]
         self.adapter.delete([lo.marker for lo in layouts])
         # The expanded list, children first: the inner filesystem never sees a pattern that
         # could match the hidden records dirs, and never removes a parent before a child.

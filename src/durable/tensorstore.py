@@ -651,7 +651,9 @@ def _read_marker(place: Place, context: ts.Context) -> tuple[Marker | None, _See
     try:
         data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
     except ValueError as exc:
-        raise MarkerError(f"{where}: {exc}", url=where) from None
+        # The adapter's message names the marker already ("... is a symlink"): once.
+        raise MarkerError(str(exc) if where in str(exc) else f"{where}: {exc}",
+                          url=where) from None
     if data is None:
         return None, None
     with _DECODED_LOCK:

@@ -20,6 +20,7 @@ __all__ = [
     "Capabilities",
     "ObjectInfo",
     "adapter_for_fs",
+    "refuse_ambiguous",
     "register_adapter",
     "resolve",
 ]
@@ -82,11 +83,18 @@ def resolve(url: str | os.PathLike[str],
         raise ValueError("an empty URL names no object (it would be the current directory)")
     fs, path = url_to_fs(text, **(storage_options or {}))
     adapter = adapter_for_fs(fs)
-    if "file" not in type(adapter).protocols and "://" in text:
-        # An object store keeps "a/../b" and "a//b" as literal keys where a local disk
-        # resolves them: the same URL would name different objects on the two.
-        parts = path.split("/")
-        if any(p in (".", "..") for p in parts) or "" in parts[1:-1]:
-            raise ValueError(f"{text!r}: '.', '..' and empty segments mean different places "
-                             "on an object store and on a disk; give the path without them")
+    if "://" in text:
+        refuse_ambiguous(adapter, path, text)
     return adapter, path
+
+
+def refuse_ambiguous(adapter: Adapter, path: str, text: str) -> None:
+    """ValueError for a path with '.', '..' or empty segments on an object store, which
+    keeps "a/../b" and "a//b" as literal keys where a local disk resolves them: the same
+    URL would name different objects on the two."""
+    if "file" in type(adapter).protocols:
+        return
+    parts = path.split("/")
+    if any(p in (".", "..") for p in parts) or "" in parts[1:-1]:
+        raise ValueError(f"{text!r}: '.', '..' and empty segments mean different places "
+                         "on an object store and on a disk; give the path without them")

@@ -410,6 +410,18 @@ class Adapter(ABC):
         """Remove directories left empty at and below ``prefix``; a no-op on stores that
         have no directories. Never removes an object."""
 
+    def not_an_object(self, path: str) -> str | None:
+        """What is at ``path`` where `info` finds no object, if the adapter can tell
+        without a request ("a symlink", "a directory", "a special file" on a local disk),
+        for errors that say what was found; None otherwise."""
+        return None
+
+    def through_link(self, root: str, key: str) -> bool:
+        """Whether ``root/key`` is reached through a link at ``root`` or in a directory of
+        ``key`` (a symlink, on a local disk), so that it may name something outside
+        ``root``. False on stores that have no links."""
+        return False
+
     # removing -----------------------------------------------------------------------------
     @abstractmethod
     def delete(self, paths: Iterable[str]) -> None:

@@ -161,6 +161,12 @@ def _makedirs(path: str) -> list[str]:
     return created
 
 
+# Names no file can have here (a segment over the file system's limit, a symlink loop on
+# the way): no object, as for a missing one. A manifest key from an object store (S3 takes
+# segments of 1,024 bytes) made state() raise ENAMETOOLONG, and overwrite=True with it.
+_NO_SUCH_NAME = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
+
+
 def _version(st: os.stat_result) -> str:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
@@ -219,7 +225,15 @@ def _cas_lock(path: str, timeout: float = CAS_TIMEOUT) -> Iterator[None]:
 
 def _lockf(lock_path: str, deadline: float) -> int:
     _makedirs(os.path.dirname(lock_path))
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        # O_NOFOLLOW: a symlink planted at the lock's path would make O_CREAT create (and
+        # lock) a file wherever it points.
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise OSError(errno.ELOOP, "the lock file is a symlink (never followed: it could "
+                      "point anywhere); remove it", lock_path) from None
     pause = 0.001
     try:
         while True:
@@ -400,6 +414,10 @@ class LocalAdapter(Adapter):
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            if exc.errno in _NO_SUCH_NAME:
+                return None
+            raise
         if not _stat.S_ISREG(st.st_mode):
             return None
         return ObjectInfo(path, st.st_size, _version(st), st.st_mtime)
@@ -478,14 +496,35 @@ class LocalAdapter(Adapter):
                 if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT, errno.EEXIST):
                     raise
 
+    def not_an_object(self, path: str) -> str | None:
+        return _not_a_file(path)
+
+    def through_link(self, root: str, key: str) -> bool:
+        where = root.rstrip("/")
+        for part in ["", *key.split("/")[:-1]]:
+            where = f"{where}/{part}" if part else where
+            try:
+                if _stat.S_ISLNK(os.lstat(where).st_mode):
+                    return True
+            except (FileNotFoundError, NotADirectoryError):
+                return False  # nothing there to reach
+            except OSError as exc:
+                if exc.errno in _NO_SUCH_NAME:
+                    return False
+                raise
+        return False
+
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()
         for p in paths:
             try:
                 os.unlink(p)
                 dirs.add(os.path.dirname(p))
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 pass
+            except OSError as exc:
+                if exc.errno not in _NO_SUCH_NAME:
+                    raise
         for d in dirs:
             fsync_dir(d)
 
@@ -539,6 +578,10 @@ def _not_a_file(path: str) -> str | None:
         mode = os.lstat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        if exc.errno in _NO_SUCH_NAME:
+            return None
+        raise
     if _stat.S_ISLNK(mode):
         return "a symlink"
     if _stat.S_ISDIR(mode):
