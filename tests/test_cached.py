@@ -791,3 +791,22 @@ def test_a_loser_of_the_lease_race_reads_the_winners_marker_once(
     }
     assert computations(counter) == [(0, os.getpid())]
     assert not proxy.errors
+
+
+@pytest.mark.parametrize("dtype", [object, [("n", "<i4"), ("name", object)]])
+def test_an_array_holding_objects_is_pickled_when_allowed_else_refused_saying_why(
+        local: Store, dtype: Any) -> None:
+    """A structured array with an object field is not of kind "O": the npy serializer took
+    it, and numpy.save refused it after the computation, even with pickle=True."""
+    value = np.zeros(2, dtype=dtype)
+
+    def objects() -> Any:
+        return value
+
+    f = durable.cached(local.root, version="plain")(objects)
+    with pytest.raises(TypeError, match=r"numpy\.ndarray \(its dtype .* holds Python objects"):
+        f()
+    assert f.state() is State.ABSENT
+    p = durable.cached(local.root, version="pickled", pickle=True)(objects)
+    assert p().dtype == value.dtype and p().tolist() == value.tolist()
+    assert _value_keys(p.entry()) == ["key.json", "value.pkl"]

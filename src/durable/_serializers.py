@@ -143,9 +143,11 @@ def _loaded(module: str, name: str) -> Any:
 
 def _is_ndarray(value: Any) -> bool:
     # Exactly ndarray: a subclass (a masked array, np.matrix, a recarray) would come back
-    # as a plain ndarray, its mask or its semantics gone without a word.
+    # as a plain ndarray, its mask or its semantics gone without a word. Not holding
+    # objects anywhere: a structured dtype with an object field is not of kind "O", and
+    # numpy.save refused it after the computation, even with pickle=True.
     cls = _loaded("numpy", "ndarray")
-    return cls is not None and type(value) is cls and value.dtype.kind != "O"
+    return cls is not None and type(value) is cls and not value.dtype.hasobject
 
 
 def _npy_dumps(value: Any) -> bytes:
@@ -340,6 +342,9 @@ def choose(value: Any, *, name: str | None, allow_pickle: bool) -> Serializer:
             return ser
     # A list or dict that is almost JSON: the element in the way, not only the container.
     inside = f" ({_not_json(value)})" if type(value) in (list, dict) else ""
+    if _loaded("numpy", "ndarray") is type(value) and value.dtype.hasobject:
+        # "return ... a NumPy array" alone reads as a contradiction for one.
+        inside = f" (its dtype {value.dtype} holds Python objects, which only pickle stores)"
     raise TypeError(
         f"no serializer stores a {_type_name(value)}{inside}: return bytes, a NumPy array, "
         "a pandas DataFrame, an xarray Dataset/DataArray or a JSON value (tuples are not: "
