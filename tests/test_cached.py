@@ -810,3 +810,23 @@ def test_an_array_holding_objects_is_pickled_when_allowed_else_refused_saying_wh
     p = durable.cached(local.root, version="pickled", pickle=True)(objects)
     assert p().dtype == value.dtype and p().tolist() == value.tolist()
     assert _value_keys(p.entry()) == ["key.json", "value.pkl"]
+
+
+def test_structured_array_arguments_with_other_fields_have_keys_of_their_own(
+        local: Store) -> None:
+    """A structured dtype's str is "|V8" alone: a table with fields (a, b) and one with
+    (x, y) of the same bytes shared an entry, and one call returned the other's result."""
+    @durable.cached(local.root)
+    def names(table: np.ndarray) -> list[str]:
+        return list(table.dtype.names)
+
+    ab = np.array([(1, 2.0)], dtype=[("a", "<i4"), ("b", "<f4")])
+    xy = ab.astype([("x", "<i4"), ("y", "<f4")])
+    ints = ab.astype([("a", "<i4"), ("b", "<i4")])  # same size, another type
+    assert ab.tobytes() == xy.tobytes() and ab.dtype.str == ints.dtype.str
+    assert names(ab) == ["a", "b"]
+    assert names(xy) == ["x", "y"]
+    assert len({names.entry(t).url for t in (ab, xy, ints)}) == 3
+    plain = np.arange(3, dtype="<i4")  # keys of plain arrays are what they were
+    doc = durable._cached._canonical(plain, "x")
+    assert doc["ndarray"]["dtype"] == "<i4"

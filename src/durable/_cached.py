@@ -416,7 +416,11 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
     ndarray = _numpy_type("ndarray")
     if ndarray is not None and isinstance(value, ndarray) and value.dtype.kind != "O":
         data = value.tobytes(order="C")
-        return {"ndarray": {"dtype": value.dtype.str, "shape": list(value.shape),
+        # A structured dtype's str is "|V<size>" alone: arrays with other field names (or
+        # types of one size) and the same bytes shared an entry. Its descr names them.
+        dtype = (value.dtype.str if value.dtype.fields is None
+                 else _canonical(value.dtype.descr, where, depth + 1))
+        return {"ndarray": {"dtype": dtype, "shape": list(value.shape),
                             "sha256": hashlib.sha256(data).hexdigest()}}
     generic = _numpy_type("generic")
     if generic is not None and isinstance(value, generic):
