@@ -425,6 +425,34 @@ def status_doc(entry: Entry, st: Status, holder: Entry | None = None) -> dict[st
             "reason": st.reason, "marker": marker}
 
 
+def _listed(entry: Entry, st: Status) -> Status:
+    """A COMPLETE entry's state checked against one listing of it, as `scan` judges it.
+
+    `Entry.status()` stats the manifest's first and last objects only: an object between
+    them truncated or deleted after the commit was COMPLETE here (exit 0) and INCOMPLETE
+    in `scan` of the same entry."""
+    marker = st.marker
+    if st.state is not State.COMPLETE or marker is None or marker.kind != "prefix":
+        return st
+    assert marker.manifest is not None
+    listing = entry._listing(marker)
+    bad: list[str] = []
+    for key, rec in sorted(marker.manifest.objects.items()):
+        info = listing.get(key)
+        if info is None:
+            bad.append(f"{entry.adapter.url(entry._object_path(key, marker))} is missing "
+                       f"(the marker recorded {rec.size} bytes)")
+        elif info.size != rec.size:
+            bad.append(f"{entry.adapter.url(info.path)} is {info.size} bytes, the marker "
+                       f"recorded {rec.size}")
+    if not bad:
+        return st
+    more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return Status(State.INCOMPLETE, f"marker present but data gone or changed: {len(bad)} "
+                                    f"of {len(marker.manifest)} objects: "
+                                    + "; ".join(bad[:3]) + more, marker)
+
+
 def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
     """For a path with no records of its own (an object or folder inside an entry, or one
     that should be): the entry above it that holds it, and the state to report. An object
@@ -458,7 +486,7 @@ def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
         return holder, Status(State.INCOMPLETE, f"inside the entry {holder.url} but not in "
                                                 "its manifest: not part of what it "
                                                 "committed", marker)
-    held = holder.status()
+    held = _listed(holder, holder.status())
     return holder, Status(held.state, f"part of the entry {holder.url}, which is "
                                       f"{held.state}: {held.reason}", held.marker)
 
@@ -471,11 +499,14 @@ def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
 def status(ctx: click.Context, url: str, as_json: bool) -> None:
     """The state of the entry at URL: ABSENT, INCOMPLETE or COMPLETE, and why.
 
+    A committed entry is listed once and every object of its manifest compared by size,
+    as scan does: one truncated or deleted after the commit makes it INCOMPLETE.
+
     URL inside an entry (one of its objects or folders): the state of that entry if URL is
     in its manifest (an object of it also stat-ed: INCOMPLETE if missing or of another
     size), INCOMPLETE if it is not."""
     entry = _entry(ctx, url)
-    st = entry.status()
+    st = _listed(entry, entry.status())
     holder, st = _part_of(entry, st) or (None, st)
     doc = status_doc(entry, st, holder)
     if as_json:
