@@ -21,7 +21,13 @@ import zarr
 
 import durable.xarray as dx
 import durable.zarr as dz
-from durable import AlreadyCompleteError, Entry, IncompleteError, State
+from durable import (
+    AlreadyCompleteError,
+    Entry,
+    IncompleteError,
+    IncompleteExistsError,
+    State,
+)
 from durable.testing.pytest_plugin import Bucket
 from test_zarr import KINDS, NOT_FOUND, Target, forget_memory, make_target, manifest_matches_store
 
@@ -82,6 +88,44 @@ def test_append_and_region_writes_update_the_entry(target: Target) -> None:
     got = dx.open_zarr(url, storage_options=target.options).load()
     assert (got.temp.isel(t=slice(4, 8)) == 7).all()
     xr.testing.assert_identical(got.isel(t=slice(8, None)), both.isel(t=slice(8, None)).load())
+
+
+class Boom(Exception):
+    pass
+
+
+def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
+        target: Target) -> None:
+    """An append that failed part-way left its metadata at the appended length; rerun as
+    it was (mode="a", append_dim), it was taken as a resume, appended after that length and
+    committed the rows between as fill values: COMPLETE, verify OK, NaN where data was."""
+    url = target.url("gap.zarr")
+    first, second = dataset(0, 8), dataset(8, 8)
+    dx.to_zarr(first, url, storage_options=target.options)
+
+    def fail_on_the_second_chunk(block: np.ndarray, block_info: Any = None) -> np.ndarray:
+        if block_info[0]["chunk-location"][0] == 1:
+            raise Boom("killed part-way")
+        return block
+
+    failing = second.assign(temp=second.temp.copy(data=second.temp.data.map_blocks(
+        fail_on_the_second_chunk, dtype="float32")))
+    with pytest.raises(Boom):
+        dx.to_zarr(failing, url, storage_options=target.options, mode="a", append_dim="t")
+    entry = Entry(url, storage_options=target.options)
+    assert entry.state() is State.INCOMPLETE
+    with pytest.raises(IncompleteExistsError, match="update=True changes a COMPLETE entry"):
+        dx.to_zarr(second, url, storage_options=target.options, mode="a", append_dim="t")
+    with pytest.raises(ValueError, match="append_dim with resume=True"):
+        dx.to_zarr(second, url, storage_options=target.options, mode="a", append_dim="t",
+                   resume=True)
+    assert entry.state() is State.INCOMPLETE
+    # The way out the errors name: the appended rows written again, as a region.
+    dx.to_zarr(second.drop_vars("y"), url, storage_options=target.options, mode="r+",
+               region={"t": slice(8, 16)}, resume=True)
+    assert entry.verify(deep=True).ok
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                xr.concat([first, second], "t").load())
 
 
 def test_refusals(target: Target) -> None:

@@ -30,7 +30,14 @@ import durable._zarr_reading
 import durable._zarr_writing
 import durable.zarr as dz
 from _zarr_child import CHUNKS, HERE, N_CHUNKS, SHAPE, ZarrChild, expected, write, write_once
-from durable import AlreadyCompleteError, Entry, IncompleteError, IntegrityError, State
+from durable import (
+    AlreadyCompleteError,
+    Entry,
+    IncompleteError,
+    IncompleteExistsError,
+    IntegrityError,
+    State,
+)
 from durable._checksum import crc32c
 from durable._fragments import FragmentRecorder
 from durable.testing.faults import FaultProxy
@@ -508,6 +515,23 @@ def test_append_and_resize_are_recorded(target: Target, zarr_format: int) -> Non
     np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], data[:15])
     np.testing.assert_array_equal(
         zarr.open_array(url, mode="r", **target.plain_options())[:], data[:15])
+
+
+def test_an_update_refuses_an_entry_a_failed_append_left(target: Target) -> None:
+    """Taken as a resume, the rerun of a failed Array.append appended after the length the
+    failed one had set: the rows between were committed as fill values."""
+    url = target.url("ap.zarr")
+    data = expected()
+    entry = dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
+    with pytest.raises(RuntimeError, match="failed"), dz.writing(
+            url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").resize((data.shape[0] * 2, data.shape[1]))
+        raise RuntimeError("the append failed before its chunks were written")
+    assert entry.state() is State.INCOMPLETE
+    with pytest.raises(IncompleteExistsError, match="update=True changes a COMPLETE entry"
+                       ), dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").append(data)
+    assert entry.state() is State.INCOMPLETE
 
 
 def test_leftover_temp_files_are_never_adopted(tmp_path: Any) -> None:

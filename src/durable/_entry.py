@@ -478,8 +478,9 @@ class Entry:
           adopted at commit).
         - ``update=True``: change a COMPLETE entry in place (append, resize): its marker is
           removed first, the old manifest seeds the new one (untouched objects are not
-          re-read), and the entry is INCOMPLETE until the new commit. ABSENT or
-          INCOMPLETE entries are written (or resumed) as usual.
+          re-read), and the entry is INCOMPLETE until the new commit. An ABSENT entry is
+          written as usual; an INCOMPLETE one is IncompleteExistsError (a rerun of a
+          killed append, taken as a resume, would append after what it had added).
         - ``unrecorded``: objects that appear in the entry without passing through the
           writer (written with another tool into ``writer.path``) are read and
           checksummed at commit ("adopt"), or refused ("error").
@@ -609,8 +610,21 @@ class Entry:
         elif st.state is State.INCOMPLETE:
             if overwrite:
                 self._clear(keep_lease)
-            elif resume or update:
+            elif resume:
                 return False, {}, {}
+            elif update:
+                # Taken as a resume, a rerun of a killed append (xarray's append_dim,
+                # zarr's Array.append) appended after the length the killed attempt had
+                # already set, and committed the rows between as fill values (incident
+                # 001). Whether a rerun is a resume is the caller's to say.
+                raise IncompleteExistsError(
+                    f"{self.url} is INCOMPLETE ({st.reason}), and update=True changes a "
+                    "COMPLETE entry: an update or write that did not commit left it, or "
+                    "one is still at work. Finish it with resume=True only by writes that "
+                    "do not depend on its current shape (an append would go after what "
+                    "the unfinished write added, leaving fill values between); else "
+                    "overwrite=True, or Entry.delete() / `durable clean` once nothing "
+                    "writes it", url=self.url)
             else:
                 raise (_RacedStart if st.racing else IncompleteExistsError)(
                     f"{self.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "

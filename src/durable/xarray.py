@@ -40,9 +40,11 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
     ``mode`` is xarray's; by default ``"w-"`` for a new entry, ``"w"`` with
     ``resume=True`` (the killed attempt's chunks are rewritten), ``"a"`` with
     ``update=True``. ``update`` defaults to True for the modes that change an existing
-    dataset (``"a"``, ``"a-"``, ``"r+"``: append_dim, region). ``mode="w"`` means what it
-    means to xarray, replace what is there: ``overwrite`` defaults to True with it (unless
-    ``resume``), False otherwise. ``overwrite``, ``resume``,
+    dataset (``"a"``, ``"a-"``, ``"r+"``: append_dim, region), unless ``resume``: an
+    update refuses an INCOMPLETE entry, and ``resume=True`` finishes one (not with
+    ``append_dim``: the rows the unfinished write added would stay fill values).
+    ``mode="w"`` means what it means to xarray, replace what is there: ``overwrite``
+    defaults to True with it (unless ``resume``), False otherwise. ``overwrite``, ``resume``,
     ``update`` and ``unrecorded`` are those of `durable.zarr.writing`. Other keyword
     arguments go to ``Dataset.to_zarr``; ``compute=False`` is refused (the commit must
     follow the writes). Returns the Entry.
@@ -58,7 +60,15 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
                          "durable.zarr.writing() and call to_zarr(store, compute=False) "
                          "and compute inside it")
     if update is None:
-        update = mode in ("a", "a-", "r+")
+        # resume=True finishes an unfinished write in any mode (update=True refuses one).
+        update = mode in ("a", "a-", "r+") and not resume
+    if resume and xarray_kwargs.get("append_dim") is not None:
+        # The unfinished write's metadata may already hold the appended length: appended
+        # again, the data would go after it, and the rows between commit as fill values.
+        raise ValueError(f"{url}: append_dim with resume=True would append after what the "
+                         "unfinished write already added; finish it by writing those rows "
+                         "again with mode='r+', region={...} and resume=True, or start "
+                         "over with overwrite=True")
     if mode is None:
         mode = "w" if resume else "a" if update else "w-"
     if overwrite is None:
