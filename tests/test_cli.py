@@ -338,6 +338,22 @@ def test_status_of_an_entry_with_a_middle_object_damaged_agrees_with_scan(
     assert (inside["entry"], inside["state"]) == (url_of(place, "e"), "INCOMPLETE")
 
 
+def test_status_of_a_folder_of_entries_says_entries_are_inside_it(place: Place) -> None:
+    """`durable status ROOT` said only "data present but no commit marker", as for data
+    written without durable, which sends an operator to mark-complete a whole root."""
+    write_entry(place.url("root", "a"), {"x": b"1"})
+    write_entry(place.url("root", "b"), {"x": b"2"})
+    result = run("status", place.url("root"), "--json")
+    assert result.exit_code == 3
+    doc = as_json(result)
+    assert doc["state"] == "INCOMPLETE" and doc["reason"] == (
+        "data present but no commit marker; entries with records of their own are inside "
+        f"it: a root? (`durable scan {place.url('root')}` lists them)")
+    place.write("legacy/zarr.json", b"{}")  # no durable records inside: as it was
+    plain = as_json(run("status", place.url("legacy"), "--json"))
+    assert plain["reason"] == "data present but no commit marker"
+
+
 @pytest.mark.parametrize("member", ["good.zarr/c/0/1", "good.zarr/c", "good.zarr/zarr.json"])
 def test_status_of_a_path_inside_an_entry_is_that_entrys(place: Place, member: str) -> None:
     """An object or folder of a committed entry has no records of its own: its status is

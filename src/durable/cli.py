@@ -508,6 +508,13 @@ def status(ctx: click.Context, url: str, as_json: bool) -> None:
     entry = _entry(ctx, url)
     st = _listed(entry, entry.status())
     holder, st = _part_of(entry, st) or (None, st)
+    if (holder is None and st.state is State.INCOMPLETE and st.marker is None
+            and entry.adapter.exists(f"{entry.path.rstrip('/')}/{RECORDS_DIR}")):
+        # A folder of entries (`status ROOT`) read as one entry written without durable:
+        # "data present but no commit marker" alone sent operators to mark-complete it.
+        st = Status(State.INCOMPLETE, f"{st.reason}; entries with records of their own "
+                                      f"are inside it: a root? (`durable scan {url}` lists "
+                                      "them)", None)
     doc = status_doc(entry, st, holder)
     if as_json:
         _emit_json(doc)
