@@ -552,6 +552,27 @@ def test_xarray_as_zarr(local: Store) -> None:
     assert "value.zarr/zarr.json" in keys and "key.json" in keys
 
 
+def test_a_dataset_sliced_from_a_zarr_store_is_stored(local: Store) -> None:
+    """A step returning part of a dataset opened from zarr (an upstream cached result):
+    its variables keep the store's encoding["chunks"], the slice's dask chunks no longer
+    line up with them, and xarray refused the write after the computation."""
+    xr = pytest.importorskip("xarray")
+    source = xr.Dataset({"v": (("t", "x"), np.arange(40.0).reshape(10, 4))}).chunk({"t": 3})
+
+    @durable.cached(local.root)
+    def upstream() -> Any:
+        return source
+
+    @durable.cached(local.root)
+    def tail(start: int) -> Any:
+        return upstream().isel(t=slice(start, None))
+
+    got = tail(1)
+    assert tail.state(1) is State.COMPLETE
+    xr.testing.assert_identical(got.load(), source.isel(t=slice(1, None)).load())
+    xr.testing.assert_identical(tail(1).load(), got)
+
+
 @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 @pytest.mark.parametrize("make", ["masked", "matrix", "recarray"])
 def test_array_subclasses_are_refused_not_stored_as_plain_arrays(

@@ -263,7 +263,7 @@ class _Zarr(Serializer):
             ds = value.to_dataset(name=value.name if value.name is not None else _DATAARRAY_VAR)
         url = f"{writer.url}/{key}"
         options = writer.entry.storage_options
-        inner = to_zarr(ds, url, storage_options=options)
+        inner = to_zarr(ds, url, storage_options=options, **_align_chunks())
         # Its chunks are recorded in its own marker: take the records from there rather
         # than read every chunk again at our commit.
         marker = inner.read_marker()
@@ -288,6 +288,19 @@ class _Zarr(Serializer):
         (name,) = ds.data_vars
         da = ds[name]
         return da.rename(None) if name == _DATAARRAY_VAR else da
+
+
+def _align_chunks() -> dict[str, Any]:
+    """``align_chunks=True`` where xarray has it (2025.06+): a result sliced from a dataset
+    opened from zarr keeps that store's ``encoding["chunks"]``, which its dask chunks no
+    longer line up with, and xarray refused to write it ("would overlap multiple Dask
+    chunks") after the computation. Aligning rechunks the dask data to those chunks."""
+    import inspect
+
+    import xarray
+
+    params = inspect.signature(xarray.Dataset.to_zarr).parameters
+    return {"align_chunks": True} if "align_chunks" in params else {}
 
 
 PICKLE = BytesSerializer("pkl", lambda v: True,
