@@ -573,6 +573,25 @@ def test_a_dataset_sliced_from_a_zarr_store_is_stored(local: Store) -> None:
     xr.testing.assert_identical(tail(1).load(), got)
 
 
+@pytest.mark.parametrize("which", ["time", "lat", "v"])
+def test_a_coordinate_dataarray_is_stored_under_its_name(local: Store, which: str) -> None:
+    """ds["time"] or ds.lat (a DataArray named like one of its own coordinates): to_dataset
+    refused it after the computation ("same name as one of its coordinates")."""
+    xr = pytest.importorskip("xarray")
+    pd = pytest.importorskip("pandas")
+    ds = xr.Dataset({"v": (("time",), np.arange(4.0))},
+                    coords={"time": pd.date_range("2020-01-01", periods=4),
+                            "lat": ("time", np.arange(4.0) * 2)})
+
+    @durable.cached(local.root, version=which)
+    def pick() -> Any:
+        return ds[which]
+
+    xr.testing.assert_identical(pick().load(), ds[which])
+    xr.testing.assert_identical(pick().load(), ds[which])  # the hit
+    assert "value.dataarray.zarr/zarr.json" in _value_keys(pick.entry())
+
+
 @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 @pytest.mark.parametrize("make", ["masked", "matrix", "recarray"])
 def test_array_subclasses_are_refused_not_stored_as_plain_arrays(

@@ -48,6 +48,7 @@ __all__ = ["Serializer", "choose", "load_value", "register_serializer"]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
 _DATAARRAY_VAR = "__xarray_dataarray_variable__"  # xarray's own name for it in files
+_DATAARRAY_NAME = "__xarray_dataarray_name__"  # xarray's: the name it had, in the attrs
 
 
 class Serializer(ABC):
@@ -260,7 +261,16 @@ class _Zarr(Serializer):
 
         ds = value
         if self._cls == "DataArray":
-            ds = value.to_dataset(name=value.name if value.name is not None else _DATAARRAY_VAR)
+            if value.name is None:
+                ds = value.to_dataset(name=_DATAARRAY_VAR)
+            elif value.name in value.coords or value.name in value.dims:
+                # A coordinate (ds["time"], ds.lat): a dataset cannot hold a variable of
+                # its coordinate's name, and to_dataset refused it after the computation.
+                # Stored as xarray's DataArray.to_zarr stores it: its name in the attrs.
+                ds = value.to_dataset(name=_DATAARRAY_VAR)
+                ds.attrs[_DATAARRAY_NAME] = value.name
+            else:
+                ds = value.to_dataset(name=value.name)
         url = f"{writer.url}/{key}"
         options = writer.entry.storage_options
         inner = to_zarr(ds, url, storage_options=options, **_align_chunks())
@@ -287,7 +297,7 @@ class _Zarr(Serializer):
             return ds
         (name,) = ds.data_vars
         da = ds[name]
-        return da.rename(None) if name == _DATAARRAY_VAR else da
+        return da.rename(ds.attrs.get(_DATAARRAY_NAME)) if name == _DATAARRAY_VAR else da
 
 
 def _align_chunks() -> dict[str, Any]:
