@@ -134,6 +134,9 @@ def test_refusals(target: Target) -> None:
         dx.open_zarr(url, storage_options=target.options)
     with pytest.raises(ValueError, match="compute=False"):
         dx.to_zarr(dataset(), url, storage_options=target.options, compute=False)
+    # xarray writes "a/b" as array b of a group a: committed, then read back without it.
+    with pytest.raises(ValueError, match=r"names with '/'.*\['temp/max'\]"):
+        dx.to_zarr(dataset().rename(temp="temp/max"), url, storage_options=target.options)
     assert Entry(url, storage_options=target.options).state() is State.ABSENT
 
 

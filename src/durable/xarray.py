@@ -59,6 +59,12 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
                          "cannot return a delayed write (compute=False); use "
                          "durable.zarr.writing() and call to_zarr(store, compute=False) "
                          "and compute inside it")
+    nested = sorted(str(n) for n in ds.variables if "/" in str(n))
+    if nested:
+        # zarr reads "/" as a path: xarray wrote "a/b" as array b of a group a, which no
+        # open_zarr of the dataset shows: committed, and read back without it, silently.
+        raise ValueError(f"{url}: variable names with '/' would be written as arrays of "
+                         f"nested groups and read back missing: {nested}; rename them")
     if update is None:
         # resume=True finishes an unfinished write in any mode (update=True refuses one).
         update = mode in ("a", "a-", "r+") and not resume
