@@ -366,6 +366,34 @@ def test_a_recompute_that_fails_keeps_the_result_it_was_to_replace(local: Store)
     assert f.recompute(1) == b"good 1"
 
 
+@pytest.mark.parametrize("now", ["a tuple", "an object array", "a serializer error"])
+def test_a_recompute_whose_value_cannot_be_stored_keeps_the_old_result(
+        local: Store, now: str) -> None:
+    """The computation succeeded, but its value could not be stored: the old result was
+    cleared first (overwrite), then the write failed, and the entry was ABSENT."""
+    class Refused(bytes):
+        pass
+
+    def dumps(value: bytes) -> bytes:
+        raise ValueError("cannot encode it")
+
+    durable.register_serializer(Refused, name="refused-test", dumps=dumps, loads=bytes)
+    values = {"a tuple": (1, 2), "an object array": np.array([None, 1], dtype=object),
+              "a serializer error": Refused(b"x")}
+    mode = {"v": "good"}
+
+    @durable.cached(local.root, version=now.replace(" ", "-"))
+    def f() -> Any:
+        return b"good" if mode["v"] == "good" else values[now]
+
+    assert f() == b"good"
+    mode["v"] = "bad"
+    with pytest.raises((TypeError, ValueError)):
+        f.recompute()
+    assert f.state() is State.COMPLETE
+    assert f() == b"good"
+
+
 # keys and serializers -------------------------------------------------------------------------
 def test_key_is_canonical_inspectable_and_versioned(local: Store) -> None:
     calls: list[tuple[Any, ...]] = []

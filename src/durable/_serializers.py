@@ -124,12 +124,17 @@ class BytesSerializer(Serializer):
     def accepts(self, value: Any) -> bool:
         return self._accepts(value)
 
-    def dump(self, value: Any, writer: EntryWriter, key: str) -> None:
+    def encode(self, value: Any) -> bytes:
+        """The bytes ``dump`` writes: a value that cannot be stored fails here, before
+        anything is written (or cleared)."""
         data = self._dumps(value)
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"serializer {self.name!r} returned {type(data).__name__}, "
                             "not bytes")
-        writer.write_bytes(key, bytes(data))
+        return bytes(data)
+
+    def dump(self, value: Any, writer: EntryWriter, key: str) -> None:
+        writer.write_bytes(key, self.encode(value))
 
     def load(self, entry: Entry, key: str, manifest: Manifest) -> Any:
         data = read_recorded(entry, key, manifest.objects[key])
