@@ -90,6 +90,23 @@ def test_append_and_region_writes_update_the_entry(target: Target) -> None:
     xr.testing.assert_identical(got.isel(t=slice(8, None)), both.isel(t=slice(8, None)).load())
 
 
+def test_an_unconsolidated_append_to_a_consolidated_dataset_is_read_whole(
+        target: Target) -> None:
+    """consolidated=False on an append: xarray left a format 2 root's .zmetadata as it
+    was, and every reader saw the dataset without the appended rows. (Format 3: zarr drops
+    the root's consolidated metadata itself.)"""
+    zarr_format = 2
+    url = target.url("c.zarr")
+    first, second = dataset(0, 8), dataset(8, 8)
+    dx.to_zarr(first, url, storage_options=target.options, zarr_format=zarr_format)
+    dx.to_zarr(second, url, storage_options=target.options, mode="a", append_dim="t",
+               consolidated=False)
+    both = xr.concat([first, second], "t").load()
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                both)
+    xr.testing.assert_identical(xr.open_zarr(url, **target.plain_options()).load(), both)
+
+
 class Boom(Exception):
     pass
 

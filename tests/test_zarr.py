@@ -517,6 +517,29 @@ def test_append_and_resize_are_recorded(target: Target, zarr_format: int) -> Non
         zarr.open_array(url, mode="r", **target.plain_options())[:], data[:15])
 
 
+@pytest.mark.filterwarnings("ignore:Consolidated metadata is currently not part")
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_an_update_of_a_consolidated_group_is_read_at_its_new_shape(
+        target: Target, zarr_format: int) -> None:
+    """An append in an update left the root's consolidated metadata as it was: every
+    reader, plain and durable, read the old shape; the appended data was committed and
+    invisible."""
+    url = target.url("cons.zarr")
+    data = expected()
+    with dz.writing(url, storage_options=target.options) as store:
+        group = zarr.open_group(store, mode="w-", zarr_format=zarr_format)
+        group.create_array("a", shape=data.shape, chunks=CHUNKS, dtype=data.dtype)[:] = data
+        zarr.consolidate_metadata(store)
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, path="a", mode="r+").append(data)
+    grown = np.concatenate([data, data])
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)["a"][:],
+                                  grown)
+    plain = zarr.open_consolidated(url, mode="r", **target.plain_options())
+    np.testing.assert_array_equal(plain["a"][:], grown)
+    assert Entry(url, storage_options=target.options).verify(deep=True).ok
+
+
 def test_an_update_refuses_an_entry_a_failed_append_left(target: Target) -> None:
     """Taken as a resume, the rerun of a failed Array.append appended after the length the
     failed one had set: the rows between were committed as fill values."""

@@ -22,11 +22,9 @@ from typing import Any, Literal
 import xarray as xr
 
 from durable._entry import Entry
-from durable.zarr import VerifyingStore, _writing
+from durable.zarr import _V3_CONSOLIDATED_WARNING, VerifyingStore, _reconsolidate, _writing
 
 __all__ = ["open_zarr", "to_zarr"]
-
-_V3_CONSOLIDATED_WARNING = r"Consolidated metadata is currently not part in the Zarr format 3"
 
 
 def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None = None,
@@ -88,6 +86,10 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
                   ) as store, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
         ds.to_zarr(store, mode=mode, consolidated=consolidated, **xarray_kwargs)
+        if (update or resume) and not consolidated:
+            # xarray leaves a format 2 root's .zmetadata as it was: stale shapes for
+            # every reader of an entry consolidated before.
+            _reconsolidate(store)
     return entry
 
 
