@@ -50,7 +50,7 @@ JSON (``--json``): one document on stdout; on an error (exit 1 or 2) stdout is e
 
 status::
 
-    {"url": str, "state": "ABSENT" | "INCOMPLETE" | "COMPLETE", "reason": str,
+    {"url": str, "entry": str, "state": "ABSENT" | "INCOMPLETE" | "COMPLETE", "reason": str,
      "marker": null | {"kind": "prefix" | "object", "attempt": str, "committed_at": str,
                        "writer": {...}, "objects": int, "total_size": int,
                        "format_version": int}}
@@ -100,7 +100,7 @@ durable writers left alone, and why)::
 
     {"root": str, "apply": bool, "older_than": float, "lease_wait": float, "waited": float,
      "counts": {"planned" | "removed" | "skipped" | "failed": int},
-     "items": [{"kind": "entry" | "records" | "temp" | "upload", "url": str,
+     "items": [{"kind": "entry" | "records" | "spent" | "temp" | "upload", "url": str,
                 "status": "planned" | "removed" | "skipped" | "failed", "reason": str,
                 "detail": str, "age": float | null, "objects": int, "size": int}],
      "kept": [{"url": str, "reason": str}]}
