@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import uuid
@@ -538,6 +539,31 @@ def test_an_update_of_a_consolidated_group_is_read_at_its_new_shape(
     plain = zarr.open_consolidated(url, mode="r", **target.plain_options())
     np.testing.assert_array_equal(plain["a"][:], grown)
     assert Entry(url, storage_options=target.options).verify(deep=True).ok
+
+
+def test_opening_an_array_inside_a_committed_group_names_the_entry(target: Target) -> None:
+    """An array of a committed group opened by its own URL was "INCOMPLETE: data present
+    but no commit marker" and nothing more: users rewrote or deleted committed data."""
+    url = target.url("grp.zarr")
+    with dz.writing(url, storage_options=target.options) as store:
+        zarr.open_group(store, mode="w-").create_array("x", shape=(4,), chunks=(2,),
+                                                       dtype="i4")[:] = [1, 2, 3, 4]
+    entry = Entry(url, storage_options=target.options)
+    hint = (f"it lies inside the entry {entry.url}, which has a commit marker: open that "
+            "entry and 'x' inside it")
+    with pytest.raises(IncompleteError, match=re.escape(hint)):
+        dz.open(f"{url}/x", storage_options=target.options)
+    if target.kind == "file":
+        dts = pytest.importorskip("durable.tensorstore")
+        with pytest.raises(IncompleteError, match=re.escape(hint)):
+            dts.open(f"{url}/x")
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)["x"][:],
+                                  [1, 2, 3, 4])
+    # Data written without durable, with no entry above it: the state alone, as before.
+    target.raw_write("plain/zarr.json", b"{}")
+    with pytest.raises(IncompleteError) as info:
+        dz.open(target.url("plain"), storage_options=target.options)
+    assert "lies inside" not in str(info.value)
 
 
 def test_an_update_refuses_an_entry_a_failed_append_left(target: Target) -> None:

@@ -344,10 +344,28 @@ class Entry:
         """The marker of a COMPLETE entry; IncompleteError naming the state otherwise."""
         st = self.status()
         if st.state is not State.COMPLETE:
-            raise IncompleteError(f"{self.url} is {st.state}: {st.reason}", url=self.url,
-                                  state=st.state)
+            raise IncompleteError(f"{self.url} is {st.state}: {st.reason}"
+                                  f"{self._inside_hint(st)}", url=self.url, state=st.state)
         assert st.marker is not None
         return st.marker
+
+    def _inside_hint(self, st: Status) -> str:
+        """Where the path lies inside a committed entry (an array of a committed zarr
+        group, opened by its own URL): that entry, to open instead. An "INCOMPLETE" alone
+        told users to rewrite or delete data that is committed."""
+        parent = self.path.rstrip("/").rpartition("/")[0]
+        if st.state is not State.INCOMPLETE or st.marker is not None or not parent:
+            return ""
+        try:
+            found = nearest_marked(self.adapter, parent)
+        except (OSError, DurableError):
+            return ""  # only a hint: the state stands as it was found
+        if found is None or found[1].kind != "prefix":
+            return ""
+        holder = found[0]
+        key = self.path.rstrip("/")[len(holder.path.rstrip("/")) + 1:]
+        return (f"; it lies inside the entry {holder.url}, which has a commit marker: open "
+                f"that entry and {key!r} inside it")
 
     # verifying ---------------------------------------------------------------------------
     def _listing(self, marker: Marker) -> dict[str, ObjectInfo]:
