@@ -366,6 +366,34 @@ def test_a_recompute_that_fails_keeps_the_result_it_was_to_replace(local: Store)
     assert f.recompute(1) == b"good 1"
 
 
+@pytest.mark.parametrize("now", ["a tuple", "an object array", "a serializer error"])
+def test_a_recompute_whose_value_cannot_be_stored_keeps_the_old_result(
+        local: Store, now: str) -> None:
+    """The computation succeeded, but its value could not be stored: the old result was
+    cleared first (overwrite), then the write failed, and the entry was ABSENT."""
+    class Refused(bytes):
+        pass
+
+    def dumps(value: bytes) -> bytes:
+        raise ValueError("cannot encode it")
+
+    durable.register_serializer(Refused, name="refused-test", dumps=dumps, loads=bytes)
+    values = {"a tuple": (1, 2), "an object array": np.array([None, 1], dtype=object),
+              "a serializer error": Refused(b"x")}
+    mode = {"v": "good"}
+
+    @durable.cached(local.root, version=now.replace(" ", "-"))
+    def f() -> Any:
+        return b"good" if mode["v"] == "good" else values[now]
+
+    assert f() == b"good"
+    mode["v"] = "bad"
+    with pytest.raises((TypeError, ValueError)):
+        f.recompute()
+    assert f.state() is State.COMPLETE
+    assert f() == b"good"
+
+
 # keys and serializers -------------------------------------------------------------------------
 def test_key_is_canonical_inspectable_and_versioned(local: Store) -> None:
     calls: list[tuple[Any, ...]] = []
@@ -550,6 +578,46 @@ def test_xarray_as_zarr(local: Store) -> None:
     xr.testing.assert_identical(da().load(), ds["t"].rename(None))
     keys = _value_keys(f.entry())
     assert "value.zarr/zarr.json" in keys and "key.json" in keys
+
+
+def test_a_dataset_sliced_from_a_zarr_store_is_stored(local: Store) -> None:
+    """A step returning part of a dataset opened from zarr (an upstream cached result):
+    its variables keep the store's encoding["chunks"], the slice's dask chunks no longer
+    line up with them, and xarray refused the write after the computation."""
+    xr = pytest.importorskip("xarray")
+    source = xr.Dataset({"v": (("t", "x"), np.arange(40.0).reshape(10, 4))}).chunk({"t": 3})
+
+    @durable.cached(local.root)
+    def upstream() -> Any:
+        return source
+
+    @durable.cached(local.root)
+    def tail(start: int) -> Any:
+        return upstream().isel(t=slice(start, None))
+
+    got = tail(1)
+    assert tail.state(1) is State.COMPLETE
+    xr.testing.assert_identical(got.load(), source.isel(t=slice(1, None)).load())
+    xr.testing.assert_identical(tail(1).load(), got)
+
+
+@pytest.mark.parametrize("which", ["time", "lat", "v"])
+def test_a_coordinate_dataarray_is_stored_under_its_name(local: Store, which: str) -> None:
+    """ds["time"] or ds.lat (a DataArray named like one of its own coordinates): to_dataset
+    refused it after the computation ("same name as one of its coordinates")."""
+    xr = pytest.importorskip("xarray")
+    pd = pytest.importorskip("pandas")
+    ds = xr.Dataset({"v": (("time",), np.arange(4.0))},
+                    coords={"time": pd.date_range("2020-01-01", periods=4),
+                            "lat": ("time", np.arange(4.0) * 2)})
+
+    @durable.cached(local.root, version=which)
+    def pick() -> Any:
+        return ds[which]
+
+    xr.testing.assert_identical(pick().load(), ds[which])
+    xr.testing.assert_identical(pick().load(), ds[which])  # the hit
+    assert "value.dataarray.zarr/zarr.json" in _value_keys(pick.entry())
 
 
 @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
@@ -791,3 +859,42 @@ def test_a_loser_of_the_lease_race_reads_the_winners_marker_once(
     }
     assert computations(counter) == [(0, os.getpid())]
     assert not proxy.errors
+
+
+@pytest.mark.parametrize("dtype", [object, [("n", "<i4"), ("name", object)]])
+def test_an_array_holding_objects_is_pickled_when_allowed_else_refused_saying_why(
+        local: Store, dtype: Any) -> None:
+    """A structured array with an object field is not of kind "O": the npy serializer took
+    it, and numpy.save refused it after the computation, even with pickle=True."""
+    value = np.zeros(2, dtype=dtype)
+
+    def objects() -> Any:
+        return value
+
+    f = durable.cached(local.root, version="plain")(objects)
+    with pytest.raises(TypeError, match=r"numpy\.ndarray \(its dtype .* holds Python objects"):
+        f()
+    assert f.state() is State.ABSENT
+    p = durable.cached(local.root, version="pickled", pickle=True)(objects)
+    assert p().dtype == value.dtype and p().tolist() == value.tolist()
+    assert _value_keys(p.entry()) == ["key.json", "value.pkl"]
+
+
+def test_structured_array_arguments_with_other_fields_have_keys_of_their_own(
+        local: Store) -> None:
+    """A structured dtype's str is "|V8" alone: a table with fields (a, b) and one with
+    (x, y) of the same bytes shared an entry, and one call returned the other's result."""
+    @durable.cached(local.root)
+    def names(table: np.ndarray) -> list[str]:
+        return list(table.dtype.names)
+
+    ab = np.array([(1, 2.0)], dtype=[("a", "<i4"), ("b", "<f4")])
+    xy = ab.astype([("x", "<i4"), ("y", "<f4")])
+    ints = ab.astype([("a", "<i4"), ("b", "<i4")])  # same size, another type
+    assert ab.tobytes() == xy.tobytes() and ab.dtype.str == ints.dtype.str
+    assert names(ab) == ["a", "b"]
+    assert names(xy) == ["x", "y"]
+    assert len({names.entry(t).url for t in (ab, xy, ints)}) == 3
+    plain = np.arange(3, dtype="<i4")  # keys of plain arrays are what they were
+    doc = durable._cached._canonical(plain, "x")
+    assert doc["ndarray"]["dtype"] == "<i4"

@@ -310,6 +310,50 @@ def test_status_incomplete(place: Place, make: str, reason: str) -> None:
     assert table.exit_code == 3 and "INCOMPLETE" in table.stdout
 
 
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_status_of_an_entry_with_a_middle_object_damaged_agrees_with_scan(
+        place: Place, damage: str) -> None:
+    """`Entry.status()` stats the first and last objects of the manifest only: an entry
+    whose middle object was truncated or deleted said COMPLETE (exit 0) to `status` and
+    INCOMPLETE to `scan` of the same root."""
+    write_entry(place.url("e"), {"a": b"x" * 30, "b": b"y" * 3000, "c": b"z"})
+    if damage == "truncated":
+        truncate(place, "e/b", 10)
+    elif place.kind == "file":
+        os.remove(os.path.join(place.root, "e", "b"))
+    else:
+        place.remove_tree("e/b")
+    scanned = as_json(run("scan", place.url(), "--json"))
+    assert [(r["url"], r["state"]) for r in scanned["entries"]] == [(url_of(place, "e"),
+                                                                     "INCOMPLETE")]
+    result = run("status", place.url("e"), "--json")
+    assert result.exit_code == 3
+    doc = as_json(result)
+    found = "is 10 bytes, the marker recorded 3000" if damage == "truncated" else (
+        "is missing (the marker recorded 3000 bytes)")
+    assert doc["state"] == "INCOMPLETE" and doc["marker"] is not None
+    assert doc["reason"] == ("marker present but data gone or changed: 1 of 3 objects: "
+                             f"{url_of(place, 'e/b')} {found}")
+    inside = as_json(run("status", place.url("e", "a"), "--json"))  # an intact object of it
+    assert (inside["entry"], inside["state"]) == (url_of(place, "e"), "INCOMPLETE")
+
+
+def test_status_of_a_folder_of_entries_says_entries_are_inside_it(place: Place) -> None:
+    """`durable status ROOT` said only "data present but no commit marker", as for data
+    written without durable, which sends an operator to mark-complete a whole root."""
+    write_entry(place.url("root", "a"), {"x": b"1"})
+    write_entry(place.url("root", "b"), {"x": b"2"})
+    result = run("status", place.url("root"), "--json")
+    assert result.exit_code == 3
+    doc = as_json(result)
+    assert doc["state"] == "INCOMPLETE" and doc["reason"] == (
+        "data present but no commit marker; entries with records of their own are inside "
+        f"it: a root? (`durable scan {place.url('root')}` lists them)")
+    place.write("legacy/zarr.json", b"{}")  # no durable records inside: as it was
+    plain = as_json(run("status", place.url("legacy"), "--json"))
+    assert plain["reason"] == "data present but no commit marker"
+
+
 @pytest.mark.parametrize("member", ["good.zarr/c/0/1", "good.zarr/c", "good.zarr/zarr.json"])
 def test_status_of_a_path_inside_an_entry_is_that_entrys(place: Place, member: str) -> None:
     """An object or folder of a committed entry has no records of its own: its status is

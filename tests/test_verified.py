@@ -320,6 +320,23 @@ def test_expected_values_add_to_the_record_never_replace_it(
         read_verified(url2, expected_size=-1)
 
 
+def test_an_unrecorded_object_checked_against_given_values_says_who_gave_them(
+        place: Place) -> None:
+    """No record covers the object: a mismatch said "recorded with 12 bytes" / "the record
+    says", sending the reader looking for a record that does not exist."""
+    place.write("plain.bin", b"hello world")
+    url = place.canonical("plain.bin")
+    good = crc32c.crc32c(b"hello world")
+    for read in (lambda **kw: read_verified(url, **kw),
+                 lambda **kw: open_verified(url, **kw).read()):
+        with pytest.raises(IntegrityError, match=r": expected_size says 12 bytes, the store "
+                                                 r"says 11$"):
+            read(expected_size=12)
+        with pytest.raises(IntegrityError, match=r"expected_crc32c says 00000005 \(corrupt"):
+            read(expected_size=11, expected_crc32c=5)
+        assert read(expected_size=11, expected_crc32c=good) == b"hello world"
+
+
 def test_missing_object_with_a_record_is_an_integrity_error(place: Place) -> None:
     rel, url, _ = single(place)
     if place.kind == "file":

@@ -21,7 +21,13 @@ import zarr
 
 import durable.xarray as dx
 import durable.zarr as dz
-from durable import AlreadyCompleteError, Entry, IncompleteError, State
+from durable import (
+    AlreadyCompleteError,
+    Entry,
+    IncompleteError,
+    IncompleteExistsError,
+    State,
+)
 from durable.testing.pytest_plugin import Bucket
 from test_zarr import KINDS, NOT_FOUND, Target, forget_memory, make_target, manifest_matches_store
 
@@ -84,12 +90,70 @@ def test_append_and_region_writes_update_the_entry(target: Target) -> None:
     xr.testing.assert_identical(got.isel(t=slice(8, None)), both.isel(t=slice(8, None)).load())
 
 
+def test_an_unconsolidated_append_to_a_consolidated_dataset_is_read_whole(
+        target: Target) -> None:
+    """consolidated=False on an append: xarray left a format 2 root's .zmetadata as it
+    was, and every reader saw the dataset without the appended rows. (Format 3: zarr drops
+    the root's consolidated metadata itself.)"""
+    zarr_format = 2
+    url = target.url("c.zarr")
+    first, second = dataset(0, 8), dataset(8, 8)
+    dx.to_zarr(first, url, storage_options=target.options, zarr_format=zarr_format)
+    dx.to_zarr(second, url, storage_options=target.options, mode="a", append_dim="t",
+               consolidated=False)
+    both = xr.concat([first, second], "t").load()
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                both)
+    xr.testing.assert_identical(xr.open_zarr(url, **target.plain_options()).load(), both)
+
+
+class Boom(Exception):
+    pass
+
+
+def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
+        target: Target) -> None:
+    """An append that failed part-way left its metadata at the appended length; rerun as
+    it was (mode="a", append_dim), it was taken as a resume, appended after that length and
+    committed the rows between as fill values: COMPLETE, verify OK, NaN where data was."""
+    url = target.url("gap.zarr")
+    first, second = dataset(0, 8), dataset(8, 8)
+    dx.to_zarr(first, url, storage_options=target.options)
+
+    def fail_on_the_second_chunk(block: np.ndarray, block_info: Any = None) -> np.ndarray:
+        if block_info[0]["chunk-location"][0] == 1:
+            raise Boom("killed part-way")
+        return block
+
+    failing = second.assign(temp=second.temp.copy(data=second.temp.data.map_blocks(
+        fail_on_the_second_chunk, dtype="float32")))
+    with pytest.raises(Boom):
+        dx.to_zarr(failing, url, storage_options=target.options, mode="a", append_dim="t")
+    entry = Entry(url, storage_options=target.options)
+    assert entry.state() is State.INCOMPLETE
+    with pytest.raises(IncompleteExistsError, match="update=True changes a COMPLETE entry"):
+        dx.to_zarr(second, url, storage_options=target.options, mode="a", append_dim="t")
+    with pytest.raises(ValueError, match="append_dim with resume=True"):
+        dx.to_zarr(second, url, storage_options=target.options, mode="a", append_dim="t",
+                   resume=True)
+    assert entry.state() is State.INCOMPLETE
+    # The way out the errors name: the appended rows written again, as a region.
+    dx.to_zarr(second.drop_vars("y"), url, storage_options=target.options, mode="r+",
+               region={"t": slice(8, 16)}, resume=True)
+    assert entry.verify(deep=True).ok
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                xr.concat([first, second], "t").load())
+
+
 def test_refusals(target: Target) -> None:
     url = target.url("r.zarr")
     with pytest.raises(IncompleteError, match="ABSENT"):
         dx.open_zarr(url, storage_options=target.options)
     with pytest.raises(ValueError, match="compute=False"):
         dx.to_zarr(dataset(), url, storage_options=target.options, compute=False)
+    # xarray writes "a/b" as array b of a group a: committed, then read back without it.
+    with pytest.raises(ValueError, match=r"names with '/'.*\['temp/max'\]"):
+        dx.to_zarr(dataset().rename(temp="temp/max"), url, storage_options=target.options)
     assert Entry(url, storage_options=target.options).state() is State.ABSENT
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import uuid
@@ -30,7 +31,14 @@ import durable._zarr_reading
 import durable._zarr_writing
 import durable.zarr as dz
 from _zarr_child import CHUNKS, HERE, N_CHUNKS, SHAPE, ZarrChild, expected, write, write_once
-from durable import AlreadyCompleteError, Entry, IncompleteError, IntegrityError, State
+from durable import (
+    AlreadyCompleteError,
+    Entry,
+    IncompleteError,
+    IncompleteExistsError,
+    IntegrityError,
+    State,
+)
 from durable._checksum import crc32c
 from durable._fragments import FragmentRecorder
 from durable.testing.faults import FaultProxy
@@ -508,6 +516,71 @@ def test_append_and_resize_are_recorded(target: Target, zarr_format: int) -> Non
     np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], data[:15])
     np.testing.assert_array_equal(
         zarr.open_array(url, mode="r", **target.plain_options())[:], data[:15])
+
+
+@pytest.mark.filterwarnings("ignore:Consolidated metadata is currently not part")
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_an_update_of_a_consolidated_group_is_read_at_its_new_shape(
+        target: Target, zarr_format: int) -> None:
+    """An append in an update left the root's consolidated metadata as it was: every
+    reader, plain and durable, read the old shape; the appended data was committed and
+    invisible."""
+    url = target.url("cons.zarr")
+    data = expected()
+    with dz.writing(url, storage_options=target.options) as store:
+        group = zarr.open_group(store, mode="w-", zarr_format=zarr_format)
+        group.create_array("a", shape=data.shape, chunks=CHUNKS, dtype=data.dtype)[:] = data
+        zarr.consolidate_metadata(store)
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, path="a", mode="r+").append(data)
+    grown = np.concatenate([data, data])
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)["a"][:],
+                                  grown)
+    plain = zarr.open_consolidated(url, mode="r", **target.plain_options())
+    np.testing.assert_array_equal(plain["a"][:], grown)
+    assert Entry(url, storage_options=target.options).verify(deep=True).ok
+
+
+def test_opening_an_array_inside_a_committed_group_names_the_entry(target: Target) -> None:
+    """An array of a committed group opened by its own URL was "INCOMPLETE: data present
+    but no commit marker" and nothing more: users rewrote or deleted committed data."""
+    url = target.url("grp.zarr")
+    with dz.writing(url, storage_options=target.options) as store:
+        zarr.open_group(store, mode="w-").create_array("x", shape=(4,), chunks=(2,),
+                                                       dtype="i4")[:] = [1, 2, 3, 4]
+    entry = Entry(url, storage_options=target.options)
+    hint = (f"it lies inside the entry {entry.url}, which has a commit marker: open that "
+            "entry and 'x' inside it")
+    with pytest.raises(IncompleteError, match=re.escape(hint)):
+        dz.open(f"{url}/x", storage_options=target.options)
+    if target.kind == "file":
+        dts = pytest.importorskip("durable.tensorstore")
+        with pytest.raises(IncompleteError, match=re.escape(hint)):
+            dts.open(f"{url}/x")
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)["x"][:],
+                                  [1, 2, 3, 4])
+    # Data written without durable, with no entry above it: the state alone, as before.
+    target.raw_write("plain/zarr.json", b"{}")
+    with pytest.raises(IncompleteError) as info:
+        dz.open(target.url("plain"), storage_options=target.options)
+    assert "lies inside" not in str(info.value)
+
+
+def test_an_update_refuses_an_entry_a_failed_append_left(target: Target) -> None:
+    """Taken as a resume, the rerun of a failed Array.append appended after the length the
+    failed one had set: the rows between were committed as fill values."""
+    url = target.url("ap.zarr")
+    data = expected()
+    entry = dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
+    with pytest.raises(RuntimeError, match="failed"), dz.writing(
+            url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").resize((data.shape[0] * 2, data.shape[1]))
+        raise RuntimeError("the append failed before its chunks were written")
+    assert entry.state() is State.INCOMPLETE
+    with pytest.raises(IncompleteExistsError, match="update=True changes a COMPLETE entry"
+                       ), dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").append(data)
+    assert entry.state() is State.INCOMPLETE
 
 
 def test_leftover_temp_files_are_never_adopted(tmp_path: Any) -> None:

@@ -52,7 +52,7 @@ from durable._entry import Entry
 from durable._errors import AlreadyCompleteError, IncompleteExistsError
 from durable._lease import Lease, LeaseView, LeaseWatch, describe
 from durable._protocol import Manifest, Marker, State
-from durable._serializers import choose, load_value
+from durable._serializers import BytesSerializer, choose, load_value
 from durable.adapters import resolve
 
 __all__ = ["CachedFunction", "cached"]
@@ -282,8 +282,16 @@ class CachedFunction(Generic[P, R]):
     def _write(self, entry: Entry, key_json: bytes, lease: Lease, args: tuple[Any, ...],
                kwargs: dict[str, Any], overwrite: bool) -> R:
         # Computed before an overwrite clears the old result: a computation that fails
-        # leaves the result it was to replace, not an ABSENT entry.
-        computed = (self._func(*args, **kwargs),) if overwrite else ()
+        # leaves the result it was to replace, not an ABSENT entry. So is its serializer
+        # chosen, and its bytes made where they are one object: a value that cannot be
+        # stored (a tuple, an object array) cleared the old result, then failed.
+        computed: tuple[R, ...] = (self._func(*args, **kwargs),) if overwrite else ()
+        ser = None
+        payload = None
+        if computed:
+            ser = choose(computed[0], name=self._serializer, allow_pickle=self._pickle)
+            if isinstance(ser, BytesSerializer):
+                payload = ser.encode(computed[0])
         with contextlib.ExitStack() as stack:
             # The state is checked before computing: a leftover stops the run first.
             try:
@@ -299,8 +307,12 @@ class CachedFunction(Generic[P, R]):
             # A computation longer than stale_after, or a pause, may have lost the lease:
             # find out before writing anything.
             lease.check()
-            ser = choose(value, name=self._serializer, allow_pickle=self._pickle)
-            ser.dump(value, w, f"value.{ser.name}")
+            if ser is None:
+                ser = choose(value, name=self._serializer, allow_pickle=self._pickle)
+            if payload is not None:
+                w.write_bytes(f"value.{ser.name}", payload)
+            else:
+                ser.dump(value, w, f"value.{ser.name}")
             w.write_bytes("key.json", key_json)
             try:
                 stack.close()  # the commit
@@ -416,7 +428,11 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
     ndarray = _numpy_type("ndarray")
     if ndarray is not None and isinstance(value, ndarray) and value.dtype.kind != "O":
         data = value.tobytes(order="C")
-        return {"ndarray": {"dtype": value.dtype.str, "shape": list(value.shape),
+        # A structured dtype's str is "|V<size>" alone: arrays with other field names (or
+        # types of one size) and the same bytes shared an entry. Its descr names them.
+        dtype = (value.dtype.str if value.dtype.fields is None
+                 else _canonical(value.dtype.descr, where, depth + 1))
+        return {"ndarray": {"dtype": dtype, "shape": list(value.shape),
                             "sha256": hashlib.sha256(data).hexdigest()}}
     generic = _numpy_type("generic")
     if generic is not None and isinstance(value, generic):

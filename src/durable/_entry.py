@@ -349,10 +349,28 @@ class Entry:
         """The marker of a COMPLETE entry; IncompleteError naming the state otherwise."""
         st = self.status()
         if st.state is not State.COMPLETE:
-            raise IncompleteError(f"{self.url} is {st.state}: {st.reason}", url=self.url,
-                                  state=st.state)
+            raise IncompleteError(f"{self.url} is {st.state}: {st.reason}"
+                                  f"{self._inside_hint(st)}", url=self.url, state=st.state)
         assert st.marker is not None
         return st.marker
+
+    def _inside_hint(self, st: Status) -> str:
+        """Where the path lies inside a committed entry (an array of a committed zarr
+        group, opened by its own URL): that entry, to open instead. An "INCOMPLETE" alone
+        told users to rewrite or delete data that is committed."""
+        parent = self.path.rstrip("/").rpartition("/")[0]
+        if st.state is not State.INCOMPLETE or st.marker is not None or not parent:
+            return ""
+        try:
+            found = nearest_marked(self.adapter, parent)
+        except (OSError, DurableError):
+            return ""  # only a hint: the state stands as it was found
+        if found is None or found[1].kind != "prefix":
+            return ""
+        holder = found[0]
+        key = self.path.rstrip("/")[len(holder.path.rstrip("/")) + 1:]
+        return (f"; it lies inside the entry {holder.url}, which has a commit marker: open "
+                f"that entry and {key!r} inside it")
 
     # verifying ---------------------------------------------------------------------------
     def _listing(self, marker: Marker) -> dict[str, ObjectInfo]:
@@ -483,8 +501,9 @@ class Entry:
           adopted at commit).
         - ``update=True``: change a COMPLETE entry in place (append, resize): its marker is
           removed first, the old manifest seeds the new one (untouched objects are not
-          re-read), and the entry is INCOMPLETE until the new commit. ABSENT or
-          INCOMPLETE entries are written (or resumed) as usual.
+          re-read), and the entry is INCOMPLETE until the new commit. An ABSENT entry is
+          written as usual; an INCOMPLETE one is IncompleteExistsError (a rerun of a
+          killed append, taken as a resume, would append after what it had added).
         - ``unrecorded``: objects that appear in the entry without passing through the
           writer (written with another tool into ``writer.path``) are read and
           checksummed at commit ("adopt"), or refused ("error").
@@ -614,8 +633,21 @@ class Entry:
         elif st.state is State.INCOMPLETE:
             if overwrite:
                 self._clear(keep_lease)
-            elif resume or update:
+            elif resume:
                 return False, {}, {}
+            elif update:
+                # Taken as a resume, a rerun of a killed append (xarray's append_dim,
+                # zarr's Array.append) appended after the length the killed attempt had
+                # already set, and committed the rows between as fill values (incident
+                # 001). Whether a rerun is a resume is the caller's to say.
+                raise IncompleteExistsError(
+                    f"{self.url} is INCOMPLETE ({st.reason}), and update=True changes a "
+                    "COMPLETE entry: an update or write that did not commit left it, or "
+                    "one is still at work. Finish it with resume=True only by writes that "
+                    "do not depend on its current shape (an append would go after what "
+                    "the unfinished write added, leaving fill values between); else "
+                    "overwrite=True, or Entry.delete() / `durable clean` once nothing "
+                    "writes it", url=self.url)
             else:
                 raise (_RacedStart if st.racing else IncompleteExistsError)(
                     f"{self.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "

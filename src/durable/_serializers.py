@@ -48,6 +48,7 @@ __all__ = ["Serializer", "choose", "load_value", "register_serializer"]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
 _DATAARRAY_VAR = "__xarray_dataarray_variable__"  # xarray's own name for it in files
+_DATAARRAY_NAME = "__xarray_dataarray_name__"  # xarray's: the name it had, in the attrs
 
 
 class Serializer(ABC):
@@ -123,12 +124,17 @@ class BytesSerializer(Serializer):
     def accepts(self, value: Any) -> bool:
         return self._accepts(value)
 
-    def dump(self, value: Any, writer: EntryWriter, key: str) -> None:
+    def encode(self, value: Any) -> bytes:
+        """The bytes ``dump`` writes: a value that cannot be stored fails here, before
+        anything is written (or cleared)."""
         data = self._dumps(value)
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"serializer {self.name!r} returned {type(data).__name__}, "
                             "not bytes")
-        writer.write_bytes(key, bytes(data))
+        return bytes(data)
+
+    def dump(self, value: Any, writer: EntryWriter, key: str) -> None:
+        writer.write_bytes(key, self.encode(value))
 
     def load(self, entry: Entry, key: str, manifest: Manifest) -> Any:
         data = read_recorded(entry, key, manifest.objects[key])
@@ -143,9 +149,11 @@ def _loaded(module: str, name: str) -> Any:
 
 def _is_ndarray(value: Any) -> bool:
     # Exactly ndarray: a subclass (a masked array, np.matrix, a recarray) would come back
-    # as a plain ndarray, its mask or its semantics gone without a word.
+    # as a plain ndarray, its mask or its semantics gone without a word. Not holding
+    # objects anywhere: a structured dtype with an object field is not of kind "O", and
+    # numpy.save refused it after the computation, even with pickle=True.
     cls = _loaded("numpy", "ndarray")
-    return cls is not None and type(value) is cls and value.dtype.kind != "O"
+    return cls is not None and type(value) is cls and not value.dtype.hasobject
 
 
 def _npy_dumps(value: Any) -> bytes:
@@ -258,10 +266,19 @@ class _Zarr(Serializer):
 
         ds = value
         if self._cls == "DataArray":
-            ds = value.to_dataset(name=value.name if value.name is not None else _DATAARRAY_VAR)
+            if value.name is None:
+                ds = value.to_dataset(name=_DATAARRAY_VAR)
+            elif value.name in value.coords or value.name in value.dims:
+                # A coordinate (ds["time"], ds.lat): a dataset cannot hold a variable of
+                # its coordinate's name, and to_dataset refused it after the computation.
+                # Stored as xarray's DataArray.to_zarr stores it: its name in the attrs.
+                ds = value.to_dataset(name=_DATAARRAY_VAR)
+                ds.attrs[_DATAARRAY_NAME] = value.name
+            else:
+                ds = value.to_dataset(name=value.name)
         url = f"{writer.url}/{key}"
         options = writer.entry.storage_options
-        inner = to_zarr(ds, url, storage_options=options)
+        inner = to_zarr(ds, url, storage_options=options, **_align_chunks())
         # Its chunks are recorded in its own marker: take the records from there rather
         # than read every chunk again at our commit.
         marker = inner.read_marker()
@@ -285,7 +302,20 @@ class _Zarr(Serializer):
             return ds
         (name,) = ds.data_vars
         da = ds[name]
-        return da.rename(None) if name == _DATAARRAY_VAR else da
+        return da.rename(ds.attrs.get(_DATAARRAY_NAME)) if name == _DATAARRAY_VAR else da
+
+
+def _align_chunks() -> dict[str, Any]:
+    """``align_chunks=True`` where xarray has it (2025.06+): a result sliced from a dataset
+    opened from zarr keeps that store's ``encoding["chunks"]``, which its dask chunks no
+    longer line up with, and xarray refused to write it ("would overlap multiple Dask
+    chunks") after the computation. Aligning rechunks the dask data to those chunks."""
+    import inspect
+
+    import xarray
+
+    params = inspect.signature(xarray.Dataset.to_zarr).parameters
+    return {"align_chunks": True} if "align_chunks" in params else {}
 
 
 PICKLE = BytesSerializer("pkl", lambda v: True,
@@ -340,6 +370,9 @@ def choose(value: Any, *, name: str | None, allow_pickle: bool) -> Serializer:
             return ser
     # A list or dict that is almost JSON: the element in the way, not only the container.
     inside = f" ({_not_json(value)})" if type(value) in (list, dict) else ""
+    if _loaded("numpy", "ndarray") is type(value) and value.dtype.hasobject:
+        # "return ... a NumPy array" alone reads as a contradiction for one.
+        inside = f" (its dtype {value.dtype} holds Python objects, which only pickle stores)"
     raise TypeError(
         f"no serializer stores a {_type_name(value)}{inside}: return bytes, a NumPy array, "
         "a pandas DataFrame, an xarray Dataset/DataArray or a JSON value (tuples are not: "

@@ -144,11 +144,18 @@ def find_record(adapter: Adapter, path: str, info: ObjectInfo | None = None, *,
     return Recorded(rec, entry.url)
 
 
+# Who gave the size and CRC32C an object is checked against, as messages say it: with no
+# record, "recorded with 12 bytes" sent the reader looking for one that is not there.
+_SIZE_SAID = {"record": "recorded with", "caller": "expected_size says"}
+_CRC_SAID = {"record": "the record says", "caller": "expected_crc32c says"}
+
+
 def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
               require_record: bool, info: ObjectInfo | None = None, *,
               stat_taken: bool = False,
-              body: BinaryIO | None = None) -> tuple[int | None, int | None]:
-    """What the object is checked against: its record (``info``, ``stat_taken``: as
+              body: BinaryIO | None = None) -> tuple[int | None, int | None, str]:
+    """What the object is checked against, and who says so ("record" or "caller", for
+    messages): its record (``info``, ``stat_taken``: as
     `find_record` takes them; ``body``: a reader of ``info``'s version, if one is open),
     and the size and CRC32C the caller gives, which add to the record's checks and never
     stand in for them (a recorded CRC32C skipped for a given size let a same-size
@@ -170,7 +177,8 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
     if found is None:
         if require_record and not given:
             _unrecorded(adapter, path, info if stat_taken else adapter.info(path), body)
-        return size, crc32c
+        # No record: "recorded with N bytes" would send the reader looking for one.
+        return size, crc32c, "caller"
     rec = found.record
     for what, want, have in (("size", size, rec.size), ("CRC32C", crc32c, rec.crc32c)):
         if want is not None and want != have:
@@ -179,23 +187,25 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
                 f"{url}: the caller expected {what} {shown(want)}, the object's record "
                 f"(in {found.entry}) says {shown(have)}", url=url, expected=shown(want),
                 found=shown(have))
-    return rec.size, rec.crc32c
+    return rec.size, rec.crc32c, "record"
 
 
 def expected_of(adapter: Adapter, path: str) -> tuple[int | None, int | None]:
     """(size, CRC32C) the object's record gives, (None, None) where it has none."""
-    return _expected(adapter, path, None, None, False)
+    size, crc, _ = _expected(adapter, path, None, None, False)
+    return size, crc
 
 
-def missing_error(adapter: Adapter, path: str, url: str, size: int | None) -> OSError:
+def missing_error(adapter: Adapter, path: str, url: str, size: int | None,
+                  said: str = "record") -> OSError:
     """The error for an object `info` did not find, saying what is there instead where
     the adapter can tell: a symlink (never followed: it could point anywhere) was "not
     found", or "a directory", while the name was there."""
     what = adapter.not_an_object(path)
     if size is not None:
         found = "missing" if what is None else f"{what} is there, not an object"
-        return IntegrityError(f"{url}: recorded with {size} bytes but {found}", url=url,
-                              expected=size, found=what or "missing")
+        return IntegrityError(f"{url}: {_SIZE_SAID[said]} {size} bytes but {found}",
+                              url=url, expected=size, found=what or "missing")
     if what is None:
         return FileNotFoundError(errno.ENOENT, "no such object", url)
     if what == "a directory":
@@ -257,17 +267,18 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
     first = adapter.capabilities.object_records
     opened = adapter.open_whole(path) if first else None
     try:
-        size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record,
+        size, crc, said = _expected(adapter, path, expected_size, expected_crc32c,
+                                    require_record,
                               opened[0] if opened is not None else None, stat_taken=first,
                               body=opened[1] if opened is not None else None)
         if not first:
             opened = adapter.open_whole(path)
         if opened is None:
-            raise missing_error(adapter, path, where, size)
+            raise missing_error(adapter, path, where, size, said)
         info, f = opened
         if size is not None and info.size != size:
             # Refused before the body is taken in: no short, long or error body is read.
-            raise IntegrityError(f"{where}: recorded with {size} bytes, the store says "
+            raise IntegrityError(f"{where}: {_SIZE_SAID[said]} {size} bytes, the store says "
                                  f"{info.size}", url=where, expected=size, found=info.size)
         # The reader hands out exactly info.size bytes or raises (a short body).
         data = f.read()
@@ -275,12 +286,12 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
         if opened is not None:
             opened[1].close()
     if size is not None and len(data) != size:
-        raise IntegrityError(f"{where}: recorded with {size} bytes, the store has "
+        raise IntegrityError(f"{where}: {_SIZE_SAID[said]} {size} bytes, the store has "
                              f"{len(data)}", url=where, expected=size, found=len(data))
     got = crc32c_of(data)
     if crc is not None and got != crc:
-        raise IntegrityError(f"{where}: CRC32C {crc_to_hex(got)}, the record says "
-                             f"{crc_to_hex(crc)} (corrupt data)", url=where,
+        raise IntegrityError(f"{where}: CRC32C {crc_to_hex(got)}, "
+                             f"{_CRC_SAID[said]} {crc_to_hex(crc)} (corrupt data)", url=where,
                              expected=crc_to_hex(crc), found=crc_to_hex(got))
     if crc is None:
         # Nothing recorded to catch an error page served as the object (no CRC32C).
@@ -306,23 +317,24 @@ def open_verified(url: str, mode: str = "rb", *,
         raise ValueError(f"open_verified reads bytes: mode must be 'rb', got {mode!r}")
     adapter, path = resolve(url, storage_options)
     info = adapter.info(path)  # carries the object's own record, where it has one
-    size, crc = _expected(adapter, path, expected_size, expected_crc32c, require_record,
-                          info, stat_taken=True)
-    return open_verified_path(adapter, path, size, crc, info=info, stat_taken=True)
+    size, crc, said = _expected(adapter, path, expected_size, expected_crc32c,
+                                require_record, info, stat_taken=True)
+    return open_verified_path(adapter, path, size, crc, info=info, stat_taken=True,
+                              said=said)
 
 
 def open_verified_path(adapter: Adapter, path: str, size: int | None,
                        crc32c: int | None, *, info: ObjectInfo | None = None,
-                       stat_taken: bool = False) -> BinaryIO:
+                       stat_taken: bool = False, said: str = "record") -> BinaryIO:
     url = adapter.url(path)
     if not stat_taken:
         info = adapter.info(path)
     if info is None:
-        raise missing_error(adapter, path, url, size)
+        raise missing_error(adapter, path, url, size, said)
     if size is not None and info.size != size:
-        raise IntegrityError(f"{url}: recorded with {size} bytes, the store says {info.size}",
+        raise IntegrityError(f"{url}: {_SIZE_SAID[said]} {size} bytes, the store says {info.size}",
                              url=url, expected=size, found=info.size)
-    raw = VerifiedReader(adapter, path, info, crc32c)
+    raw = VerifiedReader(adapter, path, info, crc32c, said=said)
     return io.BufferedReader(raw, buffer_size=1024 * 1024)
 
 
@@ -330,8 +342,9 @@ class VerifiedReader(io.RawIOBase):
     """Reads one pinned object version and refuses short, long or corrupt bytes."""
 
     def __init__(self, adapter: Adapter, path: str, info: ObjectInfo,
-                 crc32c: int | None) -> None:
+                 crc32c: int | None, *, said: str = "record") -> None:
         super().__init__()
+        self._said = said
         self._adapter = adapter
         self._path = path
         self._url = adapter.url(path)
@@ -387,7 +400,7 @@ class VerifiedReader(io.RawIOBase):
                 "truncated body)", url=self._url, expected=self._size, found=ck.size)
         if self._crc is not None and ck.crc != self._crc:
             raise IntegrityError(
-                f"{self._url}: CRC32C {crc_to_hex(ck.crc)}, the record says "
+                f"{self._url}: CRC32C {crc_to_hex(ck.crc)}, {_CRC_SAID[self._said]} "
                 f"{crc_to_hex(self._crc)} (corrupt data)", url=self._url,
                 expected=crc_to_hex(self._crc), found=crc_to_hex(ck.crc))
         if self._sniff:

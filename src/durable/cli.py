@@ -50,7 +50,7 @@ JSON (``--json``): one document on stdout; on an error (exit 1 or 2) stdout is e
 
 status::
 
-    {"url": str, "state": "ABSENT" | "INCOMPLETE" | "COMPLETE", "reason": str,
+    {"url": str, "entry": str, "state": "ABSENT" | "INCOMPLETE" | "COMPLETE", "reason": str,
      "marker": null | {"kind": "prefix" | "object", "attempt": str, "committed_at": str,
                        "writer": {...}, "objects": int, "total_size": int,
                        "format_version": int}}
@@ -100,7 +100,7 @@ durable writers left alone, and why)::
 
     {"root": str, "apply": bool, "older_than": float, "lease_wait": float, "waited": float,
      "counts": {"planned" | "removed" | "skipped" | "failed": int},
-     "items": [{"kind": "entry" | "records" | "temp" | "upload", "url": str,
+     "items": [{"kind": "entry" | "records" | "spent" | "temp" | "upload", "url": str,
                 "status": "planned" | "removed" | "skipped" | "failed", "reason": str,
                 "detail": str, "age": float | null, "objects": int, "size": int}],
      "kept": [{"url": str, "reason": str}]}
@@ -443,6 +443,34 @@ def status_doc(entry: Entry, st: Status, holder: Entry | None = None) -> dict[st
             "reason": st.reason, "marker": marker}
 
 
+def _listed(entry: Entry, st: Status) -> Status:
+    """A COMPLETE entry's state checked against one listing of it, as `scan` judges it.
+
+    `Entry.status()` stats the manifest's first and last objects only: an object between
+    them truncated or deleted after the commit was COMPLETE here (exit 0) and INCOMPLETE
+    in `scan` of the same entry."""
+    marker = st.marker
+    if st.state is not State.COMPLETE or marker is None or marker.kind != "prefix":
+        return st
+    assert marker.manifest is not None
+    listing = entry._listing(marker)
+    bad: list[str] = []
+    for key, rec in sorted(marker.manifest.objects.items()):
+        info = listing.get(key)
+        if info is None:
+            bad.append(f"{entry.adapter.url(entry._object_path(key, marker))} is missing "
+                       f"(the marker recorded {rec.size} bytes)")
+        elif info.size != rec.size:
+            bad.append(f"{entry.adapter.url(info.path)} is {info.size} bytes, the marker "
+                       f"recorded {rec.size}")
+    if not bad:
+        return st
+    more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return Status(State.INCOMPLETE, f"marker present but data gone or changed: {len(bad)} "
+                                    f"of {len(marker.manifest)} objects: "
+                                    + "; ".join(bad[:3]) + more, marker)
+
+
 def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
     """For a path with no records of its own (an object or folder inside an entry, or one
     that should be): the entry above it that holds it, and the state to report. An object
@@ -476,7 +504,7 @@ def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
         return holder, Status(State.INCOMPLETE, f"inside the entry {holder.url} but not in "
                                                 "its manifest: not part of what it "
                                                 "committed", marker)
-    held = holder.status()
+    held = _listed(holder, holder.status())
     return holder, Status(held.state, f"part of the entry {holder.url}, which is "
                                       f"{held.state}: {held.reason}", held.marker)
 
@@ -489,12 +517,22 @@ def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
 def status(ctx: click.Context, url: str, as_json: bool) -> None:
     """The state of the entry at URL: ABSENT, INCOMPLETE or COMPLETE, and why.
 
+    A committed entry is listed once and every object of its manifest compared by size,
+    as scan does: one truncated or deleted after the commit makes it INCOMPLETE.
+
     URL inside an entry (one of its objects or folders): the state of that entry if URL is
     in its manifest (an object of it also stat-ed: INCOMPLETE if missing or of another
     size), INCOMPLETE if it is not."""
     entry = _entry(ctx, url)
-    st = entry.status()
+    st = _listed(entry, entry.status())
     holder, st = _part_of(entry, st) or (None, st)
+    if (holder is None and st.state is State.INCOMPLETE and st.marker is None
+            and entry.adapter.exists(f"{entry.path.rstrip('/')}/{RECORDS_DIR}")):
+        # A folder of entries (`status ROOT`) read as one entry written without durable:
+        # "data present but no commit marker" alone sent operators to mark-complete it.
+        st = Status(State.INCOMPLETE, f"{st.reason}; entries with records of their own "
+                                      f"are inside it: a root? (`durable scan {url}` lists "
+                                      "them)", None)
     doc = status_doc(entry, st, holder)
     if as_json:
         _emit_json(doc)

@@ -885,7 +885,8 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
                                       "opened (no commit at the open, one now); open it "
                                       "again", url=entry.url, state=State.INCOMPLETE)
             raise IncompleteError(f"{entry.url} is {st.state}: {st.reason}; only a "
-                                  "COMPLETE entry opens", url=entry.url, state=st.state)
+                                  f"COMPLETE entry opens{entry._inside_hint(st)}",
+                                  url=entry.url, state=st.state)
         if marker.kind != "prefix":
             raise ValueError(f"{entry.url} is a single-object entry, not an array")
         bound = _first_seen(entry.url, marker.attempt)

@@ -22,11 +22,9 @@ from typing import Any, Literal
 import xarray as xr
 
 from durable._entry import Entry
-from durable.zarr import VerifyingStore, _writing
+from durable.zarr import _V3_CONSOLIDATED_WARNING, VerifyingStore, _reconsolidate, _writing
 
 __all__ = ["open_zarr", "to_zarr"]
-
-_V3_CONSOLIDATED_WARNING = r"Consolidated metadata is currently not part in the Zarr format 3"
 
 
 def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None = None,
@@ -40,9 +38,11 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
     ``mode`` is xarray's; by default ``"w-"`` for a new entry, ``"w"`` with
     ``resume=True`` (the killed attempt's chunks are rewritten), ``"a"`` with
     ``update=True``. ``update`` defaults to True for the modes that change an existing
-    dataset (``"a"``, ``"a-"``, ``"r+"``: append_dim, region). ``mode="w"`` means what it
-    means to xarray, replace what is there: ``overwrite`` defaults to True with it (unless
-    ``resume``), False otherwise. ``overwrite``, ``resume``,
+    dataset (``"a"``, ``"a-"``, ``"r+"``: append_dim, region), unless ``resume``: an
+    update refuses an INCOMPLETE entry, and ``resume=True`` finishes one (not with
+    ``append_dim``: the rows the unfinished write added would stay fill values).
+    ``mode="w"`` means what it means to xarray, replace what is there: ``overwrite``
+    defaults to True with it (unless ``resume``), False otherwise. ``overwrite``, ``resume``,
     ``update`` and ``unrecorded`` are those of `durable.zarr.writing`. Other keyword
     arguments go to ``Dataset.to_zarr``; ``compute=False`` is refused (the commit must
     follow the writes). Returns the Entry.
@@ -57,8 +57,22 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
                          "cannot return a delayed write (compute=False); use "
                          "durable.zarr.writing() and call to_zarr(store, compute=False) "
                          "and compute inside it")
+    nested = sorted(str(n) for n in ds.variables if "/" in str(n))
+    if nested:
+        # zarr reads "/" as a path: xarray wrote "a/b" as array b of a group a, which no
+        # open_zarr of the dataset shows: committed, and read back without it, silently.
+        raise ValueError(f"{url}: variable names with '/' would be written as arrays of "
+                         f"nested groups and read back missing: {nested}; rename them")
     if update is None:
-        update = mode in ("a", "a-", "r+")
+        # resume=True finishes an unfinished write in any mode (update=True refuses one).
+        update = mode in ("a", "a-", "r+") and not resume
+    if resume and xarray_kwargs.get("append_dim") is not None:
+        # The unfinished write's metadata may already hold the appended length: appended
+        # again, the data would go after it, and the rows between commit as fill values.
+        raise ValueError(f"{url}: append_dim with resume=True would append after what the "
+                         "unfinished write already added; finish it by writing those rows "
+                         "again with mode='r+', region={...} and resume=True, or start "
+                         "over with overwrite=True")
     if mode is None:
         mode = "w" if resume else "a" if update else "w-"
     if overwrite is None:
@@ -72,6 +86,10 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
                   ) as store, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
         ds.to_zarr(store, mode=mode, consolidated=consolidated, **xarray_kwargs)
+        if (update or resume) and not consolidated:
+            # xarray leaves a format 2 root's .zmetadata as it was: stale shapes for
+            # every reader of an entry consolidated before.
+            _reconsolidate(store)
     return entry
 
 

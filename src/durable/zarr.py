@@ -67,6 +67,36 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
                   update=update, unrecorded=unrecorded, stage=stage) as store:
         yield store
+        if update or resume:
+            _reconsolidate(store)
+
+
+_V3_CONSOLIDATED_WARNING = r"Consolidated metadata is currently not part in the Zarr format 3"
+
+
+def _reconsolidate(store: WritingStore) -> None:
+    """Consolidate the root group again if it was consolidated: an append or resize in an
+    update changed the arrays' documents, and every reader (``zarr.open``,
+    ``xarray.open_zarr``, durable's own) read the old shapes from the stale consolidated
+    metadata: the appended data committed, and invisible, silently."""
+    import json
+    import warnings
+
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    proto = default_buffer_prototype()
+    if sync(store.exists(".zmetadata")):
+        consolidated = True
+    else:
+        root = sync(store.get("zarr.json", proto))
+        doc = json.loads(root.to_bytes()) if root is not None else None
+        consolidated = (isinstance(doc, dict) and doc.get("node_type") == "group"
+                        and doc.get("consolidated_metadata") is not None)
+    if consolidated:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
+            zarr.consolidate_metadata(store)
 
 
 @contextlib.contextmanager
