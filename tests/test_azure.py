@@ -9,26 +9,31 @@ the adapter and azurite.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
+from click.testing import CliRunner
 
 import durable
 from durable import Entry, IntegrityError, atomic_write, read_verified
 from durable.adapters import adapter_for_fs
 from durable.adapters.azure import BLOCK, SINGLE_PUT, AzureAdapter
 from durable.adapters.base import Adapter
+from durable.cli import cli
 from durable.testing.conformance import AdapterTests
 from durable.testing.faults import (
     FaultProxy,
     Match,
     corrupt_part_bytes,
     drop_connection,
+    error,
+    error_body_with_200,
     truncate_body,
 )
 from durable.testing.faults import short_object as short_object_fault
@@ -336,6 +341,50 @@ def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
     with a.open_read(f"{bucket.name}/a.bin", info) as f, pytest.raises(
             IntegrityError, match=f"the body had {len(SMALL) - 1000} bytes"):
         f.read(1000)  # bytes the short body does hold: still refused, the body is not whole
+
+
+@pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])
+def test_a_refused_read_is_the_builtin_naming_the_blob(proxied: tuple[Bucket, FaultProxy],
+                                                       status: int,
+                                                       builtin: type[OSError]) -> None:
+    """An error answer to a GET is the builtin a caller catches, as on S3 and GCS, naming
+    the blob, the request and the status: never the SDK's HttpResponseError (no OSError),
+    which made `durable verify` of many entries abort at one blob instead of listing it."""
+    bucket, proxy = proxied
+    options = bucket.storage_options
+    for name in ("a", "b"):
+        with Entry(bucket.path("root", name), storage_options=options).writing() as w:
+            w.write_bytes("x.bin", SMALL)
+    with atomic_write(bucket.path("one.bin"), storage_options=options) as f:
+        f.write(SMALL)
+    proxy.add(error(status, match=Match(methods="GET", key="one.bin")))
+    proxy.add(error(status, match=Match(methods="GET", key="root/a/x.bin")))
+
+    with pytest.raises(builtin, match=f"{bucket.name}/one.bin: GET of bytes .* answered "
+                                      f"HTTP {status}") as raised:
+        read_verified(bucket.path("one.bin"), storage_options=options)
+    assert not isinstance(raised.value, HttpResponseError | IntegrityError)
+
+    result = CliRunner().invoke(cli, ["verify", "--deep", "--json", bucket.path("root"),
+                                      "--storage-options", json.dumps(options)])
+    assert result.exit_code == 5, result.output  # a mismatch listed, not an abort (1)
+    problems = [p for e in json.loads(result.output)["results"] for p in e["problems"]]
+    assert [(p["key"], p["issue"]) for p in problems] == [("x.bin", "unreadable")]
+    assert f"HTTP {status}" in problems[0]["found"]
+
+
+def test_an_error_page_served_as_200_to_a_ranged_get_names_the_blob(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A gateway serving an error page as 200 (no Content-Range) to the ranged GET that
+    reads a blob: an IntegrityError naming the blob, never the SDK's bare ValueError."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(SMALL)
+    proxy.add(error_body_with_200(match=Match(methods="GET")))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: the GET of bytes 0-.* "
+                                             "without a usable Content-Range"):
+        read_verified(url, storage_options=bucket.storage_options)
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])

@@ -96,7 +96,9 @@ _RANGE_TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 def _error_code(exc: HttpResponseError) -> str | None:
     # Set by azure-storage-blob on the errors it raises; not declared on the class.
     code = getattr(exc, "error_code", None)
-    return str(code) if code is not None else None
+    # A StorageErrorCode (a str enum, whose str() is "StorageErrorCode.X") for the codes
+    # the SDK knows: its value is the code Azure sent ("Md5Mismatch").
+    return str(getattr(code, "value", code)) if code is not None else None
 
 
 def _md5_refused(exc: HttpResponseError) -> bool:
@@ -104,6 +106,23 @@ def _md5_refused(exc: HttpResponseError) -> bool:
     # doesn't match."
     return _error_code(exc) == "Md5Mismatch" or (
         exc.status_code == 400 and "md5" in str(exc.message).lower())
+
+
+def _failure(url: str, what: str, exc: HttpResponseError) -> OSError:
+    """The builtin a caller catches for a request Azure refused, naming the object, the
+    request and the status, as the S3 adapter's are: the SDK's HttpResponseError is no
+    OSError, so a scan or a `durable verify` aborted on the first 403 or 503 instead of
+    listing that object as unreadable."""
+    status = exc.status_code
+    code = _error_code(exc)
+    label = f"HTTP {status} {code}" if code else f"HTTP {status}"
+    said = str(exc.message or exc.reason or "").strip().splitlines()
+    text = f"{url}: {what} answered {label}: {said[0][:200] if said else ''}".rstrip(": ")
+    if status in (401, 403):
+        return PermissionError(text)
+    if status == 404:
+        return FileNotFoundError(text)
+    return OSError(text)
 
 
 def _cut_short(exc: BaseException) -> bool:
@@ -315,7 +334,9 @@ class AzureAdapter(Adapter):
                     f"{url}: the store refused the upload, its bytes do not match the "
                     f"Content-MD5 sent with them (corrupted in transit?): {exc.message}",
                     url=url, expected="the Content-MD5 sent", found="other bytes") from exc
-            raise
+            if isinstance(exc, ResourceNotFoundError):
+                raise  # gone: each caller judges what that means
+            raise _failure(self.url(path), method, exc) from exc
 
     # writing --------------------------------------------------------------------------------
     def open_atomic(self, path: str, *, create_only: bool = False,
@@ -358,6 +379,8 @@ class AzureAdapter(Adapter):
             # A missing container is a configuration error, not an empty listing (which
             # would make every entry in it look ABSENT).
             raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
+        except HttpResponseError as exc:
+            raise _failure(self.url(prefix), "listing", exc) from exc
         return result
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
@@ -380,16 +403,30 @@ class AzureAdapter(Adapter):
                 data: bytes = await stream.readall()
                 return stream.properties, data
 
+        what = f"GET of bytes {start}-{start + length - 1}"
         try:
             result: tuple[Any, bytes] = sync(self.fs.loop, run)
         except HttpResponseError as exc:
             if not _cut_short(exc):
-                raise
+                if isinstance(exc, ResourceNotFoundError | ResourceModifiedError) \
+                        or exc.status_code == 416:
+                    raise  # gone, replaced, or an empty blob: each caller judges these
+                raise _failure(url, what, exc) from exc
             # The body ended before its Content-Length on every retry the SDK made.
             raise IntegrityError(
                 f"{url}: bytes {start}-{start + length - 1} arrived short on every "
                 f"attempt ({exc.message})", url=url, expected=length,
                 found="a short body") from exc
+        except ValueError as exc:
+            if "Content-Range" not in str(exc):
+                raise
+            # The SDK's check of a ranged answer: a 200 with the whole object, or an error
+            # page a gateway serves as 200, is not the range asked for.
+            raise IntegrityError(
+                f"{url}: the {what} was answered without a usable Content-Range ({exc}): "
+                "not the range asked for (an error page, or the whole object, served as "
+                "200?)", url=url, expected=f"bytes {start}-{start + length - 1}",
+                found="no Content-Range") from exc
         return result
 
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
