@@ -34,6 +34,7 @@ from durable.testing.faults import (
     drop_connection,
     error,
     error_body_with_200,
+    rewrite_etag,
     truncate_body,
 )
 from durable.testing.faults import short_object as short_object_fault
@@ -385,6 +386,33 @@ def test_an_error_page_served_as_200_to_a_ranged_get_names_the_blob(
     with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: the GET of bytes 0-.* "
                                              "without a usable Content-Range"):
         read_verified(url, storage_options=bucket.storage_options)
+
+
+@pytest.mark.parametrize("style", ["weak", "empty", "missing"])
+@pytest.mark.parametrize("size", [len(SMALL), BLOCK + 1], ids=["one-get", "pinned-get"])
+def test_an_unusable_etag_is_named_not_passed_on(proxied: tuple[Bucket, FaultProxy],
+                                                 style: str, size: int) -> None:
+    """A proxy's weak, empty or missing ETag is an IntegrityError saying so, as on S3: it
+    was quoted as it came ('"W/"0x.."', '"None"'), and the pinned GET it made (a blob over
+    one read-ahead) was refused by the store, reported as the blob replaced since opened."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(LARGE[:size])
+    proxy.add(rewrite_etag(style, match=Match(methods="GET")))  # type: ignore[arg-type]
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: the store answered .*"
+                                             "ETag") as raised:
+        read_verified(url, storage_options=bucket.storage_options)
+    assert "replaced" not in str(raised.value)
+
+
+def test_an_unquoted_etag_still_pins_reads(proxied: tuple[Bucket, FaultProxy]) -> None:
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(LARGE)
+    proxy.add(rewrite_etag("unquoted", match=Match(methods="GET")))
+    assert read_verified(url, storage_options=bucket.storage_options) == LARGE
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])

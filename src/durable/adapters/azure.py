@@ -136,10 +136,26 @@ def _cut_short(exc: BaseException) -> bool:
     return False
 
 
-def _etag(value: object) -> str:
-    # Properties and upload replies quote the ETag, listings do not: one form for both,
-    # so a version from a listing pins a read as well as one from a stat.
-    return '"' + str(value).strip('"') + '"'
+def _etag(value: object, url: str) -> str:
+    """The ETag as a quoted strong tag, or IntegrityError naming the blob if it cannot pin
+    a read (as the S3 adapter's): a weak, empty or missing one (a proxy's rewrite) was
+    quoted as it came ('"W/"0x.."', '"None"'), and the pinned read it made was refused
+    by the store as if the blob had been replaced since it was opened.
+
+    Properties and upload replies quote the ETag, listings do not: one form for both, so
+    a version from a listing pins a read as well as one from a stat."""
+    text = value.strip() if isinstance(value, str) else ""
+    if text.startswith("W/"):
+        raise IntegrityError(f"{url}: the store answered a weak ETag {text!r}; a weak tag "
+                             "does not promise identical bytes, so reads cannot be pinned to "
+                             "it (a proxy transforming the blob?)", url=url,
+                             expected="a strong ETag", found=text)
+    core = text.strip('"')
+    if not core:
+        raise IntegrityError(f"{url}: the store answered no usable ETag ({value!r}); reads "
+                             "cannot be pinned to a version", url=url,
+                             expected="an ETag", found=value)
+    return f'"{core}"'
 
 
 def _timestamp(value: object) -> float | None:
@@ -248,7 +264,7 @@ class _AzureAtomicFile(AtomicFile):
             reply = self._landed(exc)
         self._buf = bytearray()
         self._adapter.fs.invalidate_cache(self.path)
-        return ObjectInfo(self.path, size, _etag(reply["etag"]),
+        return ObjectInfo(self.path, size, _etag(reply["etag"], self._adapter.url(self.path)),
                           _timestamp(reply.get("last_modified")),
                           dict(self.record) if self.record is not None else None)
 
@@ -353,7 +369,7 @@ class AzureAdapter(Adapter):
             return None
         if _is_folder(props.metadata):
             return None
-        return ObjectInfo(path, int(props.size), _etag(props.etag),
+        return ObjectInfo(path, int(props.size), _etag(props.etag, self.url(path)),
                           _timestamp(props.last_modified), _record(props.metadata))
 
     def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
@@ -367,7 +383,8 @@ class AzureAdapter(Adapter):
                     if _is_folder(blob.metadata) or blob.name.endswith("/"):
                         continue
                     out[blob.name[len(key):]] = ObjectInfo(
-                        f"{container}/{blob.name}", int(blob.size), _etag(blob.etag),
+                        f"{container}/{blob.name}", int(blob.size),
+                        _etag(blob.etag, self.url(f"{container}/{blob.name}")),
                         _timestamp(blob.last_modified))
                     if limit is not None and len(out) >= limit:
                         break
@@ -484,7 +501,7 @@ class AzureAdapter(Adapter):
             raise IntegrityError(f"{url}: a ranged GET answered Content-Range "
                                  f"{props.content_range!r:.80}, not bytes A-B/SIZE", url=url,
                                  expected="bytes A-B/SIZE", found=props.content_range)
-        info = ObjectInfo(path, int(total[1]), _etag(props.etag),
+        info = ObjectInfo(path, int(total[1]), _etag(props.etag, self.url(path)),
                           _timestamp(props.last_modified), _record(props.metadata))
         return info, self._reader(path, info, first)
 
@@ -603,7 +620,7 @@ class AzureAdapter(Adapter):
         except (FileExistsError, ResourceNotFoundError):
             raise self._mismatch(path, version) from None
         self.fs.invalidate_cache(path)
-        return ObjectInfo(path, len(data), _etag(reply["etag"]))
+        return ObjectInfo(path, len(data), _etag(reply["etag"], self.url(path)))
 
     def delete_if(self, path: str, version: str) -> None:
         try:
