@@ -30,6 +30,7 @@ from durable.testing.conformance import AdapterTests
 from durable.testing.faults import (
     FaultProxy,
     Match,
+    RequestInfo,
     corrupt_part_bytes,
     drop_connection,
     error,
@@ -413,6 +414,25 @@ def test_an_unquoted_etag_still_pins_reads(proxied: tuple[Bucket, FaultProxy]) -
         f.write(LARGE)
     proxy.add(rewrite_etag("unquoted", match=Match(methods="GET")))
     assert read_verified(url, storage_options=bucket.storage_options) == LARGE
+
+
+def test_a_store_ignoring_if_match_cannot_serve_another_version(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A blob over one read-ahead is read by a first GET and then pinned ranged GETs; an
+    endpoint that ignores If-Match answers one with another version (its ETag says so):
+    refused, as on S3, never another version's bytes spliced onto the first."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(LARGE)
+    def later(r: RequestInfo) -> bool:  # every GET but the first, from byte 0
+        asked = r.headers.get("x-ms-range") or r.headers.get("Range") or ""
+        return not asked.startswith("bytes=0-")
+
+    proxy.add(rewrite_etag(lambda _: '"0xANOTHER"', match=Match(methods="GET", where=later)))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: replaced since it was "
+                                             'opened .*served ETag "0xANOTHER"'):
+        read_verified(url, storage_options=bucket.storage_options)
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])

@@ -466,13 +466,21 @@ class AzureAdapter(Adapter):
                     return head
                 return head + fetch(len(head), length - len(head))
             try:
-                data = self._download(path, start, length, **pin)[1]
+                props, data = self._download(path, start, length, **pin)
             except (ResourceModifiedError, ResourceNotFoundError) as exc:
                 # 412 on If-Match: the blob is another version now; 404: it is gone.
                 raise IntegrityError(
                     f"{url}: replaced or deleted since it was opened (ETag {info.version} "
                     "no longer matches)", url=url, expected=info.version,
                     found="another ETag or none") from exc
+            # Checked here too, as on S3: an endpoint that ignores If-Match would serve
+            # another version's bytes after the first read-ahead silently.
+            served = _etag(props.etag, url)
+            if info.version is not None and served != info.version:
+                raise IntegrityError(f"{url}: replaced since it was opened (the GET of "
+                                     f"bytes {start}-{start + length - 1} served ETag "
+                                     f"{served}, opened at {info.version})", url=url,
+                                     expected=info.version, found=served)
             return data
 
         return open_pinned(url, info.size, fetch)
