@@ -28,6 +28,7 @@ from durable.adapters.base import Adapter
 from durable.cli import cli
 from durable.testing.conformance import AdapterTests
 from durable.testing.faults import (
+    Error,
     FaultProxy,
     Match,
     RequestInfo,
@@ -343,6 +344,28 @@ def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
     with a.open_read(f"{bucket.name}/a.bin", info) as f, pytest.raises(
             IntegrityError, match=f"the body had {len(SMALL) - 1000} bytes"):
         f.read(1000)  # bytes the short body does hold: still refused, the body is not whole
+
+
+@pytest.mark.parametrize("create_only", [False, True], ids=["overwrite", "create-only"])
+def test_blocks_discarded_by_another_writers_commit_publish_nothing(
+        proxied: tuple[Bucket, FaultProxy], create_only: bool) -> None:
+    """Another writer's blob committed while this one staged blocks discards them: Azure
+    answers Put Block List with 400 InvalidBlockList (azurite keeps the blocks: the
+    proxy answers for it). An OSError saying so, or for a create-only write, the blob
+    being there, the FileExistsError of a lost race."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    f = a.open_atomic(f"{bucket.name}/a.bin", create_only=create_only)
+    f.write(LARGE)  # two blocks staged
+    a.put(f"{bucket.name}/a.bin", b"the other writer's")
+    proxy.add(Error(status=400, code="InvalidBlockList", message="The block list is invalid.",
+                    extra_headers={"x-ms-error-code": "InvalidBlockList"},
+                    match=Match(methods="PUT", query=lambda q: q.get("comp") == ["blocklist"])))
+    expected = (FileExistsError, "exists: create-only") if create_only else \
+        (OSError, "staged blocks were discarded")
+    with pytest.raises(expected[0], match=expected[1]):
+        f.commit()
+    assert a.read(f"{bucket.name}/a.bin") == b"the other writer's"
 
 
 @pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])

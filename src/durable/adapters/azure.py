@@ -272,8 +272,11 @@ class _AzureAtomicFile(AtomicFile):
         try:
             return self._adapter._call(self.path, "commit_block_list",
                                        [BlobBlock(block_id=b) for b in self._blocks], **cond)
-        except HttpResponseError as exc:
-            if _error_code(exc) != "InvalidBlockList":
+        except OSError as exc:
+            # `_call` made the SDK's HttpResponseError an OSError; the code is on its cause.
+            refused = exc.__cause__
+            if not (isinstance(refused, HttpResponseError)
+                    and _error_code(refused) == "InvalidBlockList"):
                 raise
             if self._create_only and self._adapter.info(self.path) is not None:
                 raise self._adapter._exists_error(self.path) from None
