@@ -398,6 +398,24 @@ def test_a_refused_read_is_the_builtin_naming_the_blob(proxied: tuple[Bucket, Fa
     assert f"HTTP {status}" in problems[0]["found"]
 
 
+@pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])
+@pytest.mark.parametrize("data", [SMALL, LARGE], ids=["put-blob", "blocks"])
+def test_a_refused_upload_is_the_builtin_naming_the_blob(
+        proxied: tuple[Bucket, FaultProxy], status: int, builtin: type[OSError],
+        data: bytes) -> None:
+    """An error answer to Put Blob or Put Block is the builtin naming the blob and the
+    status, as on S3 and GCS, never the SDK's HttpResponseError; nothing is published."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    proxy.add(error(status, match=Match(methods="PUT")))
+    with pytest.raises(builtin, match=f"{bucket.name}/a.bin: .*answered HTTP {status}") \
+            as raised, atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(data)
+    assert not isinstance(raised.value, HttpResponseError | IntegrityError)
+    proxy.clear()
+    assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
+
+
 def test_an_error_page_served_as_200_to_a_ranged_get_names_the_blob(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an error page as 200 (no Content-Range) to the ranged GET that

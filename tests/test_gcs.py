@@ -476,6 +476,28 @@ def test_a_refused_read_is_the_builtin_naming_the_object(proxied: tuple[Bucket, 
     assert f"root/a/x.bin: GET of bytes 0-999 answered HTTP {status}" in problems[0]["found"]
 
 
+@pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])
+@pytest.mark.parametrize("upload", ["single", "resumable-start", "resumable-piece"])
+def test_a_refused_upload_is_the_builtin_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy], status: int, builtin: type[OSError],
+        upload: str) -> None:
+    """An error answer to an upload request is the builtin naming the object and the
+    status, as on S3 and Azure: never gcsfs's HttpError (no OSError) nor "Forbidden: <an
+    http URL>"; nothing is published."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    size = {"single": 1000, "resumable-start": CHUNK + 1, "resumable-piece": CHUNK + 1}[upload]
+    match = {"single": Match(methods="POST", query="uploadType"),
+             "resumable-start": Match(methods="POST", query="uploadType"),
+             "resumable-piece": Match(methods="PUT", query="upload_id")}[upload]
+    proxy.add(error(status, match=match))
+    with pytest.raises(builtin, match=f"{bucket.name}/a.bin: .*answered HTTP {status}") \
+            as raised, atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"u" * size)
+    assert not isinstance(raised.value, HttpError | IntegrityError)
+    assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
+
+
 def test_an_error_page_served_as_200_for_the_resource_names_the_object(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an XML error page as 200 to the JSON resource GET: an

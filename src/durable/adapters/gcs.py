@@ -199,7 +199,11 @@ class _GCSAtomicFile(AtomicFile):
         except (ValueError, OSError, HttpError) as exc:
             if total is not None and _refused_checksum(exc):
                 raise self._adapter._refused(self.path, self.checksum.crc, exc) from exc
-            raise
+            failure = _failure(self._adapter.url(self.path), f"upload of bytes {start}-{end}",
+                               exc)
+            if failure is None:
+                raise
+            raise failure from exc
         if status != 308:
             if total is None:
                 raise OSError(f"{self._adapter.url(self.path)}: upload session answered "
@@ -294,8 +298,8 @@ class GCSAdapter(Adapter):
         return FileExistsError(f"{self.url(path)} exists: create-only write refused by "
                                "the store (ifGenerationMatch=0)")
 
-    def _read_call(self, path: str, what: str, *args: Any, **kwargs: Any) -> Any:
-        """``fs.call(*args, **kwargs)`` of a request that reads ``path``, its refusals
+    def _call_on(self, path: str, what: str, *args: Any, **kwargs: Any) -> Any:
+        """``fs.call(*args, **kwargs)`` of a request on ``path``, its refusals
         the builtins `_failure` makes (404 and 412 stay gcsfs's FileNotFoundError and
         FileExistsError, which the callers judge)."""
         try:
@@ -327,7 +331,8 @@ class GCSAdapter(Adapter):
         params = {"ifGenerationMatch": "0"} if create_only else {}
         resource = {"name": key, "metadata": {_TOKEN: token}}
         try:
-            reply, _ = self.fs.call(
+            reply, _ = self._call_on(
+                f"{bucket}/{key}", "start of a resumable upload",
                 "POST", self._upload_url, bucket, uploadType="resumable", name=key,
                 json=resource, headers={"X-Upload-Content-Type": "application/octet-stream"},
                 **params)
@@ -378,9 +383,12 @@ class GCSAdapter(Adapter):
                 raise self._exists_error(path) from None
             return found
         except (ValueError, OSError, HttpError) as exc:
-            if not _refused_checksum(exc):
+            if _refused_checksum(exc):
+                raise self._refused(path, crc, exc) from exc
+            failure = _failure(self.url(path), "upload", exc)
+            if failure is None:
                 raise
-            raise self._refused(path, crc, exc) from exc
+            raise failure from exc
         return reply
 
     def _accept(self, path: str, resource: dict[str, Any], size: int, crc: int,
@@ -424,7 +432,7 @@ class GCSAdapter(Adapter):
         if not key or key.endswith("/"):
             return None
         try:
-            res = self._read_call(path, "GET of its resource", "GET", "b/{}/o/{}", bucket,
+            res = self._call_on(path, "GET of its resource", "GET", "b/{}/o/{}", bucket,
                                   key, json_out=True)
         except FileNotFoundError:
             return None
@@ -446,7 +454,7 @@ class GCSAdapter(Adapter):
         token = None
         while True:
             try:
-                page = self._read_call(prefix, "listing", "GET", "b/{}/o", bucket,
+                page = self._call_on(prefix, "listing", "GET", "b/{}/o", bucket,
                                        json_out=True, prefix=key, pageToken=token,
                                        maxResults=limit or 1000)
             except FileNotFoundError:
@@ -478,7 +486,7 @@ class GCSAdapter(Adapter):
 
         def fetch(start: int, length: int) -> bytes:
             try:
-                reply, body = self._read_call(
+                reply, body = self._call_on(
                     path, f"GET of bytes {start}-{start + length - 1}", "GET", media,
                     alt="media", **pin,
                     headers={"Range": f"bytes={start}-{start + length - 1}"})
@@ -509,7 +517,7 @@ class GCSAdapter(Adapter):
     def now(self, path: str) -> float | None:
         """The Date of the store's answer to a one-object listing next to ``path``."""
         bucket, key = self._split(path)
-        headers, _ = self._read_call(path, "listing", "GET", "b/{}/o", bucket, prefix=key,
+        headers, _ = self._call_on(path, "listing", "GET", "b/{}/o", bucket, prefix=key,
                                      maxResults=1)
         try:
             return parsedate_to_datetime(headers.get("Date")).timestamp()
