@@ -498,6 +498,22 @@ def test_a_refused_upload_is_the_builtin_naming_the_object(
     assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
 
 
+def test_a_stalled_body_is_a_timeout_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A body that never comes, with gcsfs's requests_timeout set (without it gcsfs waits
+    as long as the server stalls): a TimeoutError naming the object, not fsspec's
+    FSTimeoutError with an empty message."""
+    bucket, proxy = proxied
+    options = {**bucket.storage_options, "requests_timeout": 2}
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=options) as f:
+        f.write(b"s" * 1000)
+    proxy.add(delay(60, where="body", match=Match(methods="GET", query="alt")))
+    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-999 got no "
+                                           "whole answer"):
+        read_verified(url, storage_options=options)
+
+
 def test_an_error_page_served_as_200_for_the_resource_names_the_object(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an XML error page as 200 to the JSON resource GET: an

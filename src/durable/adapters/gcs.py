@@ -123,6 +123,10 @@ def _failure(url: str, what: str, exc: Exception) -> Exception | None:
     if type(exc) is OSError and str(exc).startswith("Forbidden"):
         detail = str(exc).partition("\n")[2]
         return PermissionError(f"{url}: {what} answered HTTP 403: {_said(detail)}")
+    if isinstance(exc, TimeoutError):
+        # fsspec's FSTimeoutError of gcsfs's requests_timeout: it says nothing at all.
+        return TimeoutError(f"{url}: {what} got no whole answer within the filesystem's "
+                            "requests_timeout")
     if isinstance(exc, json.JSONDecodeError):
         return IntegrityError(f"{url}: {what} answered a body that is not JSON "
                               f"({_said(exc.doc)!r:.80}): not the store's answer (an error "
