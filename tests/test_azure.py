@@ -416,6 +416,26 @@ def test_a_refused_upload_is_the_builtin_naming_the_blob(
     assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
 
 
+def test_an_error_page_served_as_200_to_a_listing_is_refused(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A gateway serving an error page as 200 to List Blobs: an IntegrityError naming the
+    prefix, never an empty listing (entries would look ABSENT) nor the SDK's
+    AttributeError; `durable verify ROOT` says so and exits 1, as on S3 and GCS."""
+    bucket, proxy = proxied
+    options = bucket.storage_options
+    with Entry(bucket.path("root", "a"), storage_options=options).writing() as w:
+        w.write_bytes("x.bin", SMALL)
+    proxy.add(error_body_with_200(match=Match(
+        methods="GET", query=lambda q: q.get("comp") == ["list"])))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/root/a/?: the listing's answer "
+                                             "is not a blob listing"):
+        Entry(bucket.path("root", "a"), storage_options=options).verify()
+    result = CliRunner().invoke(cli, ["verify", bucket.path("root"),
+                                      "--storage-options", json.dumps(options)])
+    assert result.exit_code == 1
+    assert "the listing's answer is not a blob listing" in " ".join(result.output.split())
+
+
 def test_an_error_page_served_as_200_to_a_ranged_get_names_the_blob(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an error page as 200 (no Content-Range) to the ranged GET that

@@ -401,6 +401,14 @@ class AzureAdapter(Adapter):
             raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
         except HttpResponseError as exc:
             raise _failure(self.url(prefix), "listing", exc) from exc
+        except AttributeError as exc:
+            # The SDK's pager on an answer that is no blob listing (an error page a gateway
+            # serves as 200 parses to no segment): "'NoneType' object has no attribute
+            # 'blob_items'", naming nothing.
+            url = self.url(prefix)
+            raise IntegrityError(f"{url}: the listing's answer is not a blob listing ({exc}; "
+                                 "an error page served as 200?)", url=url,
+                                 expected="EnumerationResults", found=str(exc)) from exc
         return result
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
