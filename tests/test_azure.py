@@ -9,26 +9,34 @@ the adapter and azurite.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
+from click.testing import CliRunner
 
 import durable
 from durable import Entry, IntegrityError, atomic_write, read_verified
 from durable.adapters import adapter_for_fs
 from durable.adapters.azure import BLOCK, SINGLE_PUT, AzureAdapter
 from durable.adapters.base import Adapter
+from durable.cli import cli
 from durable.testing.conformance import AdapterTests
 from durable.testing.faults import (
+    Error,
     FaultProxy,
     Match,
+    RequestInfo,
     corrupt_part_bytes,
     drop_connection,
+    error,
+    error_body_with_200,
+    rewrite_etag,
     truncate_body,
 )
 from durable.testing.faults import short_object as short_object_fault
@@ -336,6 +344,156 @@ def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
     with a.open_read(f"{bucket.name}/a.bin", info) as f, pytest.raises(
             IntegrityError, match=f"the body had {len(SMALL) - 1000} bytes"):
         f.read(1000)  # bytes the short body does hold: still refused, the body is not whole
+
+
+@pytest.mark.parametrize("create_only", [False, True], ids=["overwrite", "create-only"])
+def test_blocks_discarded_by_another_writers_commit_publish_nothing(
+        proxied: tuple[Bucket, FaultProxy], create_only: bool) -> None:
+    """Another writer's blob committed while this one staged blocks discards them: Azure
+    answers Put Block List with 400 InvalidBlockList (azurite keeps the blocks: the
+    proxy answers for it). An OSError saying so, or for a create-only write, the blob
+    being there, the FileExistsError of a lost race."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    f = a.open_atomic(f"{bucket.name}/a.bin", create_only=create_only)
+    f.write(LARGE)  # two blocks staged
+    a.put(f"{bucket.name}/a.bin", b"the other writer's")
+    proxy.add(Error(status=400, code="InvalidBlockList", message="The block list is invalid.",
+                    extra_headers={"x-ms-error-code": "InvalidBlockList"},
+                    match=Match(methods="PUT", query=lambda q: q.get("comp") == ["blocklist"])))
+    expected = (FileExistsError, "exists: create-only") if create_only else \
+        (OSError, "staged blocks were discarded")
+    with pytest.raises(expected[0], match=expected[1]):
+        f.commit()
+    assert a.read(f"{bucket.name}/a.bin") == b"the other writer's"
+
+
+@pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])
+def test_a_refused_read_is_the_builtin_naming_the_blob(proxied: tuple[Bucket, FaultProxy],
+                                                       status: int,
+                                                       builtin: type[OSError]) -> None:
+    """An error answer to a GET is the builtin a caller catches, as on S3 and GCS, naming
+    the blob, the request and the status: never the SDK's HttpResponseError (no OSError),
+    which made `durable verify` of many entries abort at one blob instead of listing it."""
+    bucket, proxy = proxied
+    options = bucket.storage_options
+    for name in ("a", "b"):
+        with Entry(bucket.path("root", name), storage_options=options).writing() as w:
+            w.write_bytes("x.bin", SMALL)
+    with atomic_write(bucket.path("one.bin"), storage_options=options) as f:
+        f.write(SMALL)
+    proxy.add(error(status, match=Match(methods="GET", key="one.bin")))
+    proxy.add(error(status, match=Match(methods="GET", key="root/a/x.bin")))
+
+    with pytest.raises(builtin, match=f"{bucket.name}/one.bin: GET of bytes .* answered "
+                                      f"HTTP {status}") as raised:
+        read_verified(bucket.path("one.bin"), storage_options=options)
+    assert not isinstance(raised.value, HttpResponseError | IntegrityError)
+
+    result = CliRunner().invoke(cli, ["verify", "--deep", "--json", bucket.path("root"),
+                                      "--storage-options", json.dumps(options)])
+    assert result.exit_code == 5, result.output  # a mismatch listed, not an abort (1)
+    problems = [p for e in json.loads(result.output)["results"] for p in e["problems"]]
+    assert [(p["key"], p["issue"]) for p in problems] == [("x.bin", "unreadable")]
+    assert f"HTTP {status}" in problems[0]["found"]
+
+
+@pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])
+@pytest.mark.parametrize("data", [SMALL, LARGE], ids=["put-blob", "blocks"])
+def test_a_refused_upload_is_the_builtin_naming_the_blob(
+        proxied: tuple[Bucket, FaultProxy], status: int, builtin: type[OSError],
+        data: bytes) -> None:
+    """An error answer to Put Blob or Put Block is the builtin naming the blob and the
+    status, as on S3 and GCS, never the SDK's HttpResponseError; nothing is published."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    proxy.add(error(status, match=Match(methods="PUT")))
+    with pytest.raises(builtin, match=f"{bucket.name}/a.bin: .*answered HTTP {status}") \
+            as raised, atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(data)
+    assert not isinstance(raised.value, HttpResponseError | IntegrityError)
+    proxy.clear()
+    assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
+
+
+def test_an_error_page_served_as_200_to_a_listing_is_refused(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A gateway serving an error page as 200 to List Blobs: an IntegrityError naming the
+    prefix, never an empty listing (entries would look ABSENT) nor the SDK's
+    AttributeError; `durable verify ROOT` says so and exits 1, as on S3 and GCS."""
+    bucket, proxy = proxied
+    options = bucket.storage_options
+    with Entry(bucket.path("root", "a"), storage_options=options).writing() as w:
+        w.write_bytes("x.bin", SMALL)
+    proxy.add(error_body_with_200(match=Match(
+        methods="GET", query=lambda q: q.get("comp") == ["list"])))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/root/a/?: the listing's answer "
+                                             "is not a blob listing"):
+        Entry(bucket.path("root", "a"), storage_options=options).verify()
+    result = CliRunner().invoke(cli, ["verify", bucket.path("root"),
+                                      "--storage-options", json.dumps(options)])
+    assert result.exit_code == 1
+    assert "the listing's answer is not a blob listing" in " ".join(result.output.split())
+
+
+def test_an_error_page_served_as_200_to_a_ranged_get_names_the_blob(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A gateway serving an error page as 200 (no Content-Range) to the ranged GET that
+    reads a blob: an IntegrityError naming the blob, never the SDK's bare ValueError."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(SMALL)
+    proxy.add(error_body_with_200(match=Match(methods="GET")))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: the GET of bytes 0-.* "
+                                             "without a usable Content-Range"):
+        read_verified(url, storage_options=bucket.storage_options)
+
+
+@pytest.mark.parametrize("style", ["weak", "empty", "missing"])
+@pytest.mark.parametrize("size", [len(SMALL), BLOCK + 1], ids=["one-get", "pinned-get"])
+def test_an_unusable_etag_is_named_not_passed_on(proxied: tuple[Bucket, FaultProxy],
+                                                 style: str, size: int) -> None:
+    """A proxy's weak, empty or missing ETag is an IntegrityError saying so, as on S3: it
+    was quoted as it came ('"W/"0x.."', '"None"'), and the pinned GET it made (a blob over
+    one read-ahead) was refused by the store, reported as the blob replaced since opened."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(LARGE[:size])
+    proxy.add(rewrite_etag(style, match=Match(methods="GET")))  # type: ignore[arg-type]
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: the store answered .*"
+                                             "ETag") as raised:
+        read_verified(url, storage_options=bucket.storage_options)
+    assert "replaced" not in str(raised.value)
+
+
+def test_an_unquoted_etag_still_pins_reads(proxied: tuple[Bucket, FaultProxy]) -> None:
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(LARGE)
+    proxy.add(rewrite_etag("unquoted", match=Match(methods="GET")))
+    assert read_verified(url, storage_options=bucket.storage_options) == LARGE
+
+
+def test_a_store_ignoring_if_match_cannot_serve_another_version(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A blob over one read-ahead is read by a first GET and then pinned ranged GETs; an
+    endpoint that ignores If-Match answers one with another version (its ETag says so):
+    refused, as on S3, never another version's bytes spliced onto the first."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(LARGE)
+    def later(r: RequestInfo) -> bool:  # every GET but the first, from byte 0
+        asked = r.headers.get("x-ms-range") or r.headers.get("Range") or ""
+        return not asked.startswith("bytes=0-")
+
+    proxy.add(rewrite_etag(lambda _: '"0xANOTHER"', match=Match(methods="GET", where=later)))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: replaced since it was "
+                                             'opened .*served ETag "0xANOTHER"'):
+        read_verified(url, storage_options=bucket.storage_options)
 
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])

@@ -23,6 +23,8 @@ from urllib.parse import quote
 
 import crc32c
 import pytest
+from click.testing import CliRunner
+from gcsfs.retry import HttpError
 
 import durable
 from durable import Entry, IntegrityError, atomic_write, read_verified
@@ -30,6 +32,7 @@ from durable._checksum import crc_to_b64
 from durable.adapters import adapter_for_fs
 from durable.adapters.base import Adapter
 from durable.adapters.gcs import CHUNK, GCSAdapter
+from durable.cli import cli
 from durable.testing.conformance import AdapterTests
 from durable.testing.faults import (
     FaultProxy,
@@ -38,6 +41,8 @@ from durable.testing.faults import (
     corrupt_part_bytes,
     delay,
     drop_connection,
+    error,
+    error_body_with_200,
     truncate_body,
 )
 from durable.testing.faults import short_object as short_object_fault
@@ -435,6 +440,92 @@ def test_every_read_names_the_generation(proxied: tuple[Bucket, FaultProxy]) -> 
     gets = rec.requests("GET", alt="media")
     assert gets and gets == rec.requests("GET", alt="media", generation=str(info.version),
                                          ifGenerationMatch=str(info.version))
+
+
+@pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])
+@pytest.mark.parametrize("request_kind", ["resource", "media"])
+def test_a_refused_read_is_the_builtin_naming_the_object(proxied: tuple[Bucket, FaultProxy],
+                                                         status: int, builtin: type[OSError],
+                                                         request_kind: str) -> None:
+    """An error answer to a GET (the object's resource, or its bytes) is the builtin a
+    caller catches, as on S3 and Azure, naming the object, the request and the status:
+    never gcsfs's HttpError (no OSError), which made `durable verify` of many entries abort
+    at one object instead of listing it, nor its bare "Forbidden: <http URL>"."""
+    bucket, proxy = proxied
+    options = bucket.storage_options
+    for name in ("a", "b"):
+        with Entry(bucket.path("root", name), storage_options=options).writing() as w:
+            w.write_bytes("x.bin", b"x" * 1000)
+    with atomic_write(bucket.path("one.bin"), storage_options=options) as f:
+        f.write(b"y" * 1000)
+    # The resource GET is /storage/v1/b/B/o/KEY, the media GET /download/...?alt=media.
+    query = "alt" if request_kind == "media" else "!alt"
+    proxy.add(error(status, match=Match(methods="GET", key="one.bin", query=query)))
+    proxy.add(error(status, match=Match(methods="GET", key="root/a/x.bin", query="alt")))
+
+    with pytest.raises(builtin, match=f"{bucket.name}/one.bin: GET of .* answered HTTP "
+                                      f"{status}") as raised:
+        read_verified(bucket.path("one.bin"), storage_options=options)
+    assert not isinstance(raised.value, HttpError | IntegrityError)
+
+    result = CliRunner().invoke(cli, ["verify", "--deep", "--json", bucket.path("root"),
+                                      "--storage-options", json.dumps(options)])
+    assert result.exit_code == 5, result.output  # a mismatch listed, not an abort (1)
+    problems = [p for e in json.loads(result.output)["results"] for p in e["problems"]]
+    assert [(p["key"], p["issue"]) for p in problems] == [("x.bin", "unreadable")]
+    assert f"root/a/x.bin: GET of bytes 0-999 answered HTTP {status}" in problems[0]["found"]
+
+
+@pytest.mark.parametrize(("status", "builtin"), [(403, PermissionError), (400, OSError)])
+@pytest.mark.parametrize("upload", ["single", "resumable-start", "resumable-piece"])
+def test_a_refused_upload_is_the_builtin_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy], status: int, builtin: type[OSError],
+        upload: str) -> None:
+    """An error answer to an upload request is the builtin naming the object and the
+    status, as on S3 and Azure: never gcsfs's HttpError (no OSError) nor "Forbidden: <an
+    http URL>"; nothing is published."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    size = {"single": 1000, "resumable-start": CHUNK + 1, "resumable-piece": CHUNK + 1}[upload]
+    match = {"single": Match(methods="POST", query="uploadType"),
+             "resumable-start": Match(methods="POST", query="uploadType"),
+             "resumable-piece": Match(methods="PUT", query="upload_id")}[upload]
+    proxy.add(error(status, match=match))
+    with pytest.raises(builtin, match=f"{bucket.name}/a.bin: .*answered HTTP {status}") \
+            as raised, atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"u" * size)
+    assert not isinstance(raised.value, HttpError | IntegrityError)
+    assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
+
+
+def test_a_stalled_body_is_a_timeout_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A body that never comes, with gcsfs's requests_timeout set (without it gcsfs waits
+    as long as the server stalls): a TimeoutError naming the object, not fsspec's
+    FSTimeoutError with an empty message."""
+    bucket, proxy = proxied
+    options = {**bucket.storage_options, "requests_timeout": 2}
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=options) as f:
+        f.write(b"s" * 1000)
+    proxy.add(delay(60, where="body", match=Match(methods="GET", query="alt")))
+    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-999 got no "
+                                           "whole answer"):
+        read_verified(url, storage_options=options)
+
+
+def test_an_error_page_served_as_200_for_the_resource_names_the_object(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A gateway serving an XML error page as 200 to the JSON resource GET: an
+    IntegrityError naming the object, never a bare JSONDecodeError naming nothing."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"z" * 1000)
+    proxy.add(error_body_with_200(match=Match(methods="GET", query="!alt")))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: GET of its resource "
+                                             "answered a body that is not JSON"):
+        read_verified(url, storage_options=bucket.storage_options)
 
 
 def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:

@@ -707,6 +707,27 @@ def test_after_a_failed_staging_write_metadata_is_read_from_staging(
         np.testing.assert_array_equal(plain[...], expected())
 
 
+@pytest.mark.s3
+@pytest.mark.parametrize(("fault", "builtin"), [
+    ({"kind": "error", "status": 403}, PermissionError),
+    ({"kind": "error", "status": 400}, OSError),
+    ({"kind": "truncate_body", "keep": 100}, OSError),
+], ids=["403", "400", "cut-body"])
+def test_a_chunk_read_that_fails_names_the_chunk(s3_bucket: Bucket, fault: dict[str, Any],
+                                                 builtin: type[OSError]) -> None:
+    """A chunk GET refused or cut short on every retry: the builtin a caller catches,
+    naming the chunk. The clients' errors name none (s3fs: PermissionError "Access
+    Denied"), and a cut body was aiohttp's ClientPayloadError, no OSError."""
+    url = s3_bucket.path("r.zarr")
+    dz.write(url, expected(), chunks=CHUNKS, storage_options=s3_bucket.storage_options)
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        array = dz.open(url, storage_options=options)
+        proxy.inject(**fault, method="GET", key="r.zarr/c/1/1")
+        with pytest.raises(builtin, match=r"r\.zarr/c/1/1: the read failed"):
+            array[...]
+
+
 @pytest.mark.parametrize("zarr_format", [2, 3])
 def test_publish_puts_every_node_after_its_children_and_the_root_last(
         tmp_path: Any, zarr_format: int) -> None:

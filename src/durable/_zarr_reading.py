@@ -10,8 +10,8 @@ what was committed. Byte-range reads (sharding) are checked for length only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zarr.abc.store import (
     ByteRequest,
@@ -24,7 +24,7 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from durable._checksum import crc32c, crc_to_hex
 from durable._entry import Entry
-from durable._errors import IntegrityError
+from durable._errors import DurableError, IntegrityError
 from durable._protocol import ObjectRecord
 
 if TYPE_CHECKING:
@@ -53,6 +53,29 @@ async def get_whole(store: Store, key: str, prototype: BufferPrototype) -> Buffe
     if isinstance(store, FsspecStore):
         return await store.get(key, prototype, OffsetByteRequest(0))
     return await store.get(key, prototype)
+
+
+_T = TypeVar("_T")
+
+
+def read_failure(url: str, exc: Exception) -> OSError:
+    """The error for a chunk read the store or its client refused, naming the chunk: the
+    clients' own errors name none (s3fs's PermissionError says "Access Denied"), and
+    some are no OSError (aiohttp's ClientPayloadError for a body cut short, botocore's
+    FlexibleChecksumError, azure's HttpResponseError)."""
+    said = " ".join(str(exc).split())[:300] or type(exc).__name__
+    text = f"{url}: the read failed ({type(exc).__name__}: {said}); nothing was returned"
+    # The core imports no cloud library: their refusals are told by what they carry.
+    status = getattr(exc, "status_code", None) or getattr(exc, "code", None)
+    if isinstance(exc, PermissionError) or status in (401, 403) \
+            or str(exc).startswith("Forbidden"):
+        return PermissionError(text)
+    if "ChecksumError" in type(exc).__name__:  # the body against the store's own checksum
+        return IntegrityError(text, url=url, expected="the store's checksum",
+                              found="other bytes")
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(text)
+    return OSError(text)
 
 
 _MANIFESTS: dict[tuple[str, str], Mapping[str, ObjectRecord]] = {}
@@ -206,18 +229,29 @@ class VerifyingStore(WrapperStore[Store]):
                 expected=crc_to_hex(rec.crc32c), found=crc_to_hex(found))
         return buf
 
+    async def _fetched(self, what: str, read: Awaitable[_T]) -> _T:
+        try:
+            return await read
+        except DurableError:
+            raise
+        except Exception as exc:
+            raise read_failure(self._chunk_url(what), exc) from exc
+
     async def get(self, key: str, prototype: BufferPrototype,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
         if byte_range is None:
-            return self._check(key, await get_whole(self._store, key, prototype), None)
-        return self._check(key, await self._store.get(key, prototype, byte_range),
-                           byte_range)
+            return self._check(key, await self._fetched(
+                key, get_whole(self._store, key, prototype)), None)
+        return self._check(key, await self._fetched(
+            key, self._store.get(key, prototype, byte_range)), byte_range)
 
     async def get_partial_values(self, prototype: BufferPrototype,
                                  key_ranges: Iterable[tuple[str, ByteRequest | None]]
                                  ) -> list[Buffer | None]:
         key_ranges = list(key_ranges)
-        bufs = await self._store.get_partial_values(prototype, key_ranges)
+        keys = sorted({k for k, _ in key_ranges})
+        bufs = await self._fetched(keys[0] if len(keys) == 1 else "{" + ",".join(keys) + "}",
+                                   self._store.get_partial_values(prototype, key_ranges))
         return [self._check(k, b, r) for (k, r), b in zip(key_ranges, bufs, strict=True)]
 
     async def _get_many(self, requests: Iterable[tuple[str, BufferPrototype,

@@ -96,7 +96,9 @@ _RANGE_TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 def _error_code(exc: HttpResponseError) -> str | None:
     # Set by azure-storage-blob on the errors it raises; not declared on the class.
     code = getattr(exc, "error_code", None)
-    return str(code) if code is not None else None
+    # A StorageErrorCode (a str enum, whose str() is "StorageErrorCode.X") for the codes
+    # the SDK knows: its value is the code Azure sent ("Md5Mismatch").
+    return str(getattr(code, "value", code)) if code is not None else None
 
 
 def _md5_refused(exc: HttpResponseError) -> bool:
@@ -104,6 +106,23 @@ def _md5_refused(exc: HttpResponseError) -> bool:
     # doesn't match."
     return _error_code(exc) == "Md5Mismatch" or (
         exc.status_code == 400 and "md5" in str(exc.message).lower())
+
+
+def _failure(url: str, what: str, exc: HttpResponseError) -> OSError:
+    """The builtin a caller catches for a request Azure refused, naming the object, the
+    request and the status, as the S3 adapter's are: the SDK's HttpResponseError is no
+    OSError, so a scan or a `durable verify` aborted on the first 403 or 503 instead of
+    listing that object as unreadable."""
+    status = exc.status_code
+    code = _error_code(exc)
+    label = f"HTTP {status} {code}" if code else f"HTTP {status}"
+    said = str(exc.message or exc.reason or "").strip().splitlines()
+    text = f"{url}: {what} answered {label}: {said[0][:200] if said else ''}".rstrip(": ")
+    if status in (401, 403):
+        return PermissionError(text)
+    if status == 404:
+        return FileNotFoundError(text)
+    return OSError(text)
 
 
 def _cut_short(exc: BaseException) -> bool:
@@ -117,10 +136,26 @@ def _cut_short(exc: BaseException) -> bool:
     return False
 
 
-def _etag(value: object) -> str:
-    # Properties and upload replies quote the ETag, listings do not: one form for both,
-    # so a version from a listing pins a read as well as one from a stat.
-    return '"' + str(value).strip('"') + '"'
+def _etag(value: object, url: str) -> str:
+    """The ETag as a quoted strong tag, or IntegrityError naming the blob if it cannot pin
+    a read (as the S3 adapter's): a weak, empty or missing one (a proxy's rewrite) was
+    quoted as it came ('"W/"0x.."', '"None"'), and the pinned read it made was refused
+    by the store as if the blob had been replaced since it was opened.
+
+    Properties and upload replies quote the ETag, listings do not: one form for both, so
+    a version from a listing pins a read as well as one from a stat."""
+    text = value.strip() if isinstance(value, str) else ""
+    if text.startswith("W/"):
+        raise IntegrityError(f"{url}: the store answered a weak ETag {text!r}; a weak tag "
+                             "does not promise identical bytes, so reads cannot be pinned to "
+                             "it (a proxy transforming the blob?)", url=url,
+                             expected="a strong ETag", found=text)
+    core = text.strip('"')
+    if not core:
+        raise IntegrityError(f"{url}: the store answered no usable ETag ({value!r}); reads "
+                             "cannot be pinned to a version", url=url,
+                             expected="an ETag", found=value)
+    return f'"{core}"'
 
 
 def _timestamp(value: object) -> float | None:
@@ -229,7 +264,7 @@ class _AzureAtomicFile(AtomicFile):
             reply = self._landed(exc)
         self._buf = bytearray()
         self._adapter.fs.invalidate_cache(self.path)
-        return ObjectInfo(self.path, size, _etag(reply["etag"]),
+        return ObjectInfo(self.path, size, _etag(reply["etag"], self._adapter.url(self.path)),
                           _timestamp(reply.get("last_modified")),
                           dict(self.record) if self.record is not None else None)
 
@@ -237,8 +272,11 @@ class _AzureAtomicFile(AtomicFile):
         try:
             return self._adapter._call(self.path, "commit_block_list",
                                        [BlobBlock(block_id=b) for b in self._blocks], **cond)
-        except HttpResponseError as exc:
-            if _error_code(exc) != "InvalidBlockList":
+        except OSError as exc:
+            # `_call` made the SDK's HttpResponseError an OSError; the code is on its cause.
+            refused = exc.__cause__
+            if not (isinstance(refused, HttpResponseError)
+                    and _error_code(refused) == "InvalidBlockList"):
                 raise
             if self._create_only and self._adapter.info(self.path) is not None:
                 raise self._adapter._exists_error(self.path) from None
@@ -315,7 +353,9 @@ class AzureAdapter(Adapter):
                     f"{url}: the store refused the upload, its bytes do not match the "
                     f"Content-MD5 sent with them (corrupted in transit?): {exc.message}",
                     url=url, expected="the Content-MD5 sent", found="other bytes") from exc
-            raise
+            if isinstance(exc, ResourceNotFoundError):
+                raise  # gone: each caller judges what that means
+            raise _failure(self.url(path), method, exc) from exc
 
     # writing --------------------------------------------------------------------------------
     def open_atomic(self, path: str, *, create_only: bool = False,
@@ -332,7 +372,7 @@ class AzureAdapter(Adapter):
             return None
         if _is_folder(props.metadata):
             return None
-        return ObjectInfo(path, int(props.size), _etag(props.etag),
+        return ObjectInfo(path, int(props.size), _etag(props.etag, self.url(path)),
                           _timestamp(props.last_modified), _record(props.metadata))
 
     def _listing(self, prefix: str, limit: int | None = None) -> dict[str, ObjectInfo]:
@@ -346,7 +386,8 @@ class AzureAdapter(Adapter):
                     if _is_folder(blob.metadata) or blob.name.endswith("/"):
                         continue
                     out[blob.name[len(key):]] = ObjectInfo(
-                        f"{container}/{blob.name}", int(blob.size), _etag(blob.etag),
+                        f"{container}/{blob.name}", int(blob.size),
+                        _etag(blob.etag, self.url(f"{container}/{blob.name}")),
                         _timestamp(blob.last_modified))
                     if limit is not None and len(out) >= limit:
                         break
@@ -358,6 +399,16 @@ class AzureAdapter(Adapter):
             # A missing container is a configuration error, not an empty listing (which
             # would make every entry in it look ABSENT).
             raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
+        except HttpResponseError as exc:
+            raise _failure(self.url(prefix), "listing", exc) from exc
+        except AttributeError as exc:
+            # The SDK's pager on an answer that is no blob listing (an error page a gateway
+            # serves as 200 parses to no segment): "'NoneType' object has no attribute
+            # 'blob_items'", naming nothing.
+            url = self.url(prefix)
+            raise IntegrityError(f"{url}: the listing's answer is not a blob listing ({exc}; "
+                                 "an error page served as 200?)", url=url,
+                                 expected="EnumerationResults", found=str(exc)) from exc
         return result
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
@@ -380,16 +431,30 @@ class AzureAdapter(Adapter):
                 data: bytes = await stream.readall()
                 return stream.properties, data
 
+        what = f"GET of bytes {start}-{start + length - 1}"
         try:
             result: tuple[Any, bytes] = sync(self.fs.loop, run)
         except HttpResponseError as exc:
             if not _cut_short(exc):
-                raise
+                if isinstance(exc, ResourceNotFoundError | ResourceModifiedError) \
+                        or exc.status_code == 416:
+                    raise  # gone, replaced, or an empty blob: each caller judges these
+                raise _failure(url, what, exc) from exc
             # The body ended before its Content-Length on every retry the SDK made.
             raise IntegrityError(
                 f"{url}: bytes {start}-{start + length - 1} arrived short on every "
                 f"attempt ({exc.message})", url=url, expected=length,
                 found="a short body") from exc
+        except ValueError as exc:
+            if "Content-Range" not in str(exc):
+                raise
+            # The SDK's check of a ranged answer: a 200 with the whole object, or an error
+            # page a gateway serves as 200, is not the range asked for.
+            raise IntegrityError(
+                f"{url}: the {what} was answered without a usable Content-Range ({exc}): "
+                "not the range asked for (an error page, or the whole object, served as "
+                "200?)", url=url, expected=f"bytes {start}-{start + length - 1}",
+                found="no Content-Range") from exc
         return result
 
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
@@ -412,13 +477,21 @@ class AzureAdapter(Adapter):
                     return head
                 return head + fetch(len(head), length - len(head))
             try:
-                data = self._download(path, start, length, **pin)[1]
+                props, data = self._download(path, start, length, **pin)
             except (ResourceModifiedError, ResourceNotFoundError) as exc:
                 # 412 on If-Match: the blob is another version now; 404: it is gone.
                 raise IntegrityError(
                     f"{url}: replaced or deleted since it was opened (ETag {info.version} "
                     "no longer matches)", url=url, expected=info.version,
                     found="another ETag or none") from exc
+            # Checked here too, as on S3: an endpoint that ignores If-Match would serve
+            # another version's bytes after the first read-ahead silently.
+            served = _etag(props.etag, url)
+            if info.version is not None and served != info.version:
+                raise IntegrityError(f"{url}: replaced since it was opened (the GET of "
+                                     f"bytes {start}-{start + length - 1} served ETag "
+                                     f"{served}, opened at {info.version})", url=url,
+                                     expected=info.version, found=served)
             return data
 
         return open_pinned(url, info.size, fetch)
@@ -447,7 +520,7 @@ class AzureAdapter(Adapter):
             raise IntegrityError(f"{url}: a ranged GET answered Content-Range "
                                  f"{props.content_range!r:.80}, not bytes A-B/SIZE", url=url,
                                  expected="bytes A-B/SIZE", found=props.content_range)
-        info = ObjectInfo(path, int(total[1]), _etag(props.etag),
+        info = ObjectInfo(path, int(total[1]), _etag(props.etag, self.url(path)),
                           _timestamp(props.last_modified), _record(props.metadata))
         return info, self._reader(path, info, first)
 
@@ -566,7 +639,7 @@ class AzureAdapter(Adapter):
         except (FileExistsError, ResourceNotFoundError):
             raise self._mismatch(path, version) from None
         self.fs.invalidate_cache(path)
-        return ObjectInfo(path, len(data), _etag(reply["etag"]))
+        return ObjectInfo(path, len(data), _etag(reply["etag"], self.url(path)))
 
     def delete_if(self, path: str, version: str) -> None:
         try:

@@ -40,6 +40,7 @@ import contextlib
 import datetime
 import io
 import json
+import re
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -93,6 +94,45 @@ def _modified(resource: dict[str, Any]) -> float | None:
         return datetime.datetime.fromisoformat(str(stamp)).timestamp() if stamp else None
     except ValueError:
         return None
+
+
+def _said(text: object) -> str:
+    """What the store said, on one bounded line: an XML error page's code and message
+    (a gateway's), else its first line; an error page must not flood a message."""
+    page = str(text).strip()
+    found = [re.search(f"<{tag}>(.*?)</{tag}>", page, re.S) for tag in ("Code", "Message")]
+    if all(found):
+        return " ".join(m[1].strip() for m in found if m)[:200]
+    return page.splitlines()[0][:200] if page else ""
+
+
+def _failure(url: str, what: str, exc: Exception) -> Exception | None:
+    """The builtin a caller catches for a request gcsfs refused, naming the object, the
+    request and the status, as the S3 adapter's are; None where ``exc`` is not a refusal.
+
+    gcsfs raises its own ``HttpError`` (no ``OSError``) for 5xx and 401 after its retries,
+    a plain ``OSError("Forbidden: ...")`` for 403, and a ``JSONDecodeError`` for a 200 whose
+    body is not JSON (a gateway's error page): a scan or a `durable verify` would abort on
+    the first instead of listing that object as unreadable."""
+    if isinstance(exc, HttpError):
+        status = exc.code
+        message = exc.message.decode(errors="replace") if isinstance(exc.message, bytes) \
+            else exc.message
+        cls = PermissionError if status in (401, 403) else OSError
+        return cls(f"{url}: {what} answered HTTP {status}: {_said(message)}")
+    if type(exc) is OSError and str(exc).startswith("Forbidden"):
+        detail = str(exc).partition("\n")[2]
+        return PermissionError(f"{url}: {what} answered HTTP 403: {_said(detail)}")
+    if isinstance(exc, TimeoutError):
+        # fsspec's FSTimeoutError of gcsfs's requests_timeout: it says nothing at all.
+        return TimeoutError(f"{url}: {what} got no whole answer within the filesystem's "
+                            "requests_timeout")
+    if isinstance(exc, json.JSONDecodeError):
+        return IntegrityError(f"{url}: {what} answered a body that is not JSON "
+                              f"({_said(exc.doc)!r:.80}): not the store's answer (an error "
+                              "page served as 200?)", url=url, expected="a JSON resource",
+                              found=_said(exc.doc)[:80])
+    return None
 
 
 def _refused_checksum(exc: Exception) -> bool:
@@ -163,7 +203,11 @@ class _GCSAtomicFile(AtomicFile):
         except (ValueError, OSError, HttpError) as exc:
             if total is not None and _refused_checksum(exc):
                 raise self._adapter._refused(self.path, self.checksum.crc, exc) from exc
-            raise
+            failure = _failure(self._adapter.url(self.path), f"upload of bytes {start}-{end}",
+                               exc)
+            if failure is None:
+                raise
+            raise failure from exc
         if status != 308:
             if total is None:
                 raise OSError(f"{self._adapter.url(self.path)}: upload session answered "
@@ -258,6 +302,18 @@ class GCSAdapter(Adapter):
         return FileExistsError(f"{self.url(path)} exists: create-only write refused by "
                                "the store (ifGenerationMatch=0)")
 
+    def _call_on(self, path: str, what: str, *args: Any, **kwargs: Any) -> Any:
+        """``fs.call(*args, **kwargs)`` of a request on ``path``, its refusals
+        the builtins `_failure` makes (404 and 412 stay gcsfs's FileNotFoundError and
+        FileExistsError, which the callers judge)."""
+        try:
+            return self.fs.call(*args, **kwargs)
+        except (HttpError, OSError, ValueError) as exc:
+            failure = _failure(self.url(path), what, exc)
+            if failure is None:
+                raise
+            raise failure from exc
+
     def _ours(self, path: str, token: str | None) -> dict[str, Any] | None:
         """The object resource if the write named ``token`` put the object there, else None.
 
@@ -279,7 +335,8 @@ class GCSAdapter(Adapter):
         params = {"ifGenerationMatch": "0"} if create_only else {}
         resource = {"name": key, "metadata": {_TOKEN: token}}
         try:
-            reply, _ = self.fs.call(
+            reply, _ = self._call_on(
+                f"{bucket}/{key}", "start of a resumable upload",
                 "POST", self._upload_url, bucket, uploadType="resumable", name=key,
                 json=resource, headers={"X-Upload-Content-Type": "application/octet-stream"},
                 **params)
@@ -330,9 +387,12 @@ class GCSAdapter(Adapter):
                 raise self._exists_error(path) from None
             return found
         except (ValueError, OSError, HttpError) as exc:
-            if not _refused_checksum(exc):
+            if _refused_checksum(exc):
+                raise self._refused(path, crc, exc) from exc
+            failure = _failure(self.url(path), "upload", exc)
+            if failure is None:
                 raise
-            raise self._refused(path, crc, exc) from exc
+            raise failure from exc
         return reply
 
     def _accept(self, path: str, resource: dict[str, Any], size: int, crc: int,
@@ -376,7 +436,8 @@ class GCSAdapter(Adapter):
         if not key or key.endswith("/"):
             return None
         try:
-            res = self.fs.call("GET", "b/{}/o/{}", bucket, key, json_out=True)
+            res = self._call_on(path, "GET of its resource", "GET", "b/{}/o/{}", bucket,
+                                  key, json_out=True)
         except FileNotFoundError:
             return None
         return ObjectInfo(path, int(res["size"]), str(res["generation"]), _modified(res),
@@ -397,8 +458,9 @@ class GCSAdapter(Adapter):
         token = None
         while True:
             try:
-                page = self.fs.call("GET", "b/{}/o", bucket, json_out=True, prefix=key,
-                                    pageToken=token, maxResults=limit or 1000)
+                page = self._call_on(prefix, "listing", "GET", "b/{}/o", bucket,
+                                       json_out=True, prefix=key, pageToken=token,
+                                       maxResults=limit or 1000)
             except FileNotFoundError:
                 # gcsfs says "b/NAME/o": a listing finds no objects, it fails on no bucket
                 raise FileNotFoundError(f"{self.url(prefix)}: no such bucket "
@@ -428,8 +490,9 @@ class GCSAdapter(Adapter):
 
         def fetch(start: int, length: int) -> bytes:
             try:
-                reply, body = self.fs.call(
-                    "GET", media, alt="media", **pin,
+                reply, body = self._call_on(
+                    path, f"GET of bytes {start}-{start + length - 1}", "GET", media,
+                    alt="media", **pin,
                     headers={"Range": f"bytes={start}-{start + length - 1}"})
             except aiohttp.ClientPayloadError as exc:
                 # The body ended before its Content-Length on every retry gcsfs made.
@@ -458,7 +521,8 @@ class GCSAdapter(Adapter):
     def now(self, path: str) -> float | None:
         """The Date of the store's answer to a one-object listing next to ``path``."""
         bucket, key = self._split(path)
-        headers, _ = self.fs.call("GET", "b/{}/o", bucket, prefix=key, maxResults=1)
+        headers, _ = self._call_on(path, "listing", "GET", "b/{}/o", bucket, prefix=key,
+                                     maxResults=1)
         try:
             return parsedate_to_datetime(headers.get("Date")).timestamp()
         except (TypeError, ValueError):
