@@ -489,6 +489,35 @@ def test_zarr_and_xarray_overwrites_never_start_over_a_live_holders_entry(local:
     assert entry.verify(deep=True).ok
 
 
+def test_zarr_and_xarray_writes_under_a_lease(shared: Place) -> None:
+    """The dask guide's advice, hold a lease around the write, can be followed: the zarr
+    and xarray writers take it (without it their writing refused the entry: the lease read
+    as another writer at work)."""
+    import numpy as np
+    import xarray as xr
+
+    import durable.xarray as dx
+    import durable.zarr as dz
+
+    entry = shared.entry()
+    ds = xr.Dataset({"v": ("x", np.arange(8))})
+    with shared.lease() as lease:
+        dx.to_zarr(ds, shared.url, storage_options=shared.options or None, lease=lease)
+        assert entry.state() is State.COMPLETE and lease.held
+        dz.write(shared.url, np.arange(4), storage_options=shared.options or None,
+                 overwrite=True, lease=lease)
+        with dz.writing(shared.url, storage_options=shared.options or None, update=True,
+                        lease=lease) as store:
+            import zarr
+
+            zarr.open_array(store, mode="r+")[:2] = [7, 7]
+        assert lease.held
+    assert entry.verify(deep=True).ok
+    assert not raw_exists(shared, lease.path)
+    array = dz.open(shared.url, storage_options=shared.options or None)
+    assert array[:].tolist() == [7, 7, 2, 3]
+
+
 def test_an_expired_lease_is_taken_by_a_writer_without_one(shared: Place) -> None:
     """A holder that stopped renewing for its stale_after (by the store's clock) is dead
     or paused: an overwrite without the lease removes its lease (conditionally), and the
