@@ -440,7 +440,7 @@ def test_a_failed_writer_leaves_the_entry_absent(place: Place) -> None:
 
 
 # a writer without the lease ------------------------------------------------------------------
-@pytest.mark.parametrize("how", ["overwrite", "resume", "update"])
+@pytest.mark.parametrize("how", ["overwrite", "resume", "update", "fresh"])
 def test_a_writer_without_the_lease_never_starts_over_a_live_holders_entry(
         place: Place, how: str) -> None:
     """Starting over would remove the holder's lease and data while its writes under way
@@ -454,7 +454,7 @@ def test_a_writer_without_the_lease_never_starts_over_a_live_holders_entry(
                                                 overwrite=how == "update") as w:
         w.write_bytes("a", b"holder-a")
         with pytest.raises(IncompleteExistsError) as refused, \
-                place.entry().writing(**{how: True}) as other:  # type: ignore[arg-type]
+                place.entry().writing(**({} if how == "fresh" else {how: True})) as other:  # type: ignore[arg-type]
             other.write_bytes("a", b"other-aa")  # pragma: no cover
         message = str(refused.value)
         assert entry.url in message and f"pid {os.getpid()}" in message
@@ -530,6 +530,10 @@ def test_an_expired_lease_is_taken_by_a_writer_without_one(shared: Place) -> Non
         assert holder._thread is not None
         holder._thread.join()
         time.sleep(STALE + 1.5)  # + the second's resolution of the store's clock
+        with pytest.raises(IncompleteExistsError, match=r"expired: not renewed for .* "
+                           r"Pass overwrite=True or resume=True"), shared.entry().writing():
+            pass  # pragma: no cover
+        assert raw_exists(shared, holder.path)  # a refused writer only names it
         with shared.entry().writing(overwrite=True) as other:
             other.write_bytes("a", b"other-aa")
         assert entry.state() is State.COMPLETE

@@ -634,6 +634,17 @@ class Entry:
             elif resume or update:
                 return False, {}, {}
             else:
+                if not keep_lease:
+                    from durable._lease import refuse_live_lease
+
+                    # Refused beside a lease: whose it is, live (IncompleteExistsError
+                    # naming the holder and when it expires) or expired (said below).
+                    expired = refuse_live_lease(self, "starting", remove=False)
+                    if expired is not None:
+                        raise IncompleteExistsError(
+                            f"{self.url} is INCOMPLETE: {expired}: a killed or stopped "
+                            "writer's leftover. Pass overwrite=True or resume=True to take "
+                            "it over", url=self.url)
                 raise (_RacedStart if st.racing else IncompleteExistsError)(
                     f"{self.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "
                     "a writer still at work. Resolve it with Entry.delete() or "

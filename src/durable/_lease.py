@@ -85,7 +85,7 @@ def describe(holder: Mapping[str, Any] | None) -> str:
             f"{holder.get('acquired_at', '?')}")
 
 
-def refuse_live_lease(entry: Entry, doing: str) -> None:
+def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True) -> str | None:
     """For a writer WITHOUT the lease about to start over, resume or update ``entry``
     (``doing``: which, for the message): IncompleteExistsError naming the entry, the holder
     and when the lease expires if another writer's lease is live. Starting over would
@@ -99,11 +99,14 @@ def refuse_live_lease(entry: Entry, doing: str) -> None:
     version judged (one renewed meanwhile is live after all), so its holder, if only
     paused, finds it lost at its next renewal or write. A lease whose age cannot be told
     (no modification time) counts as live.
+
+    Returns None if there was no lease, else what the expired lease was (removed only
+    with ``remove``: a writer refused for other reasons only names it).
     """
     adapter, path = entry.adapter, entry.layout.lease
     info = adapter.info(path)
     if info is None:
-        return
+        return None
     holder = LeaseWatch(entry, adapter=adapter, path=path)._read(info)
     theirs = holder.get("stale_after") if holder else None
     limit = (float(theirs) if isinstance(theirs, int | float) and not isinstance(theirs, bool)
@@ -128,6 +131,10 @@ def refuse_live_lease(entry: Entry, doing: str) -> None:
         raise held(f"renewed {age:.1f} s ago by {clock} clock, it expires at "
                    f"{expires:%Y-%m-%dT%H:%M:%SZ} ({limit + _CLOCK_STEP - age:.0f} s from "
                    "now) unless renewed")
+    expired = (f"its lease {lease_url} ({describe(holder)}) expired: not renewed for "
+               f"{age:.1f} s by {clock} clock (stale_after {limit:g} s)")
+    if not remove:
+        return expired
     # The store's conditional-write probe (once per endpoint) beside the records directory,
     # not in it, as for `Lease`: a probe in it would read as another writer's record.
     conditional = adapter.supports_conditional(
@@ -144,8 +151,8 @@ def refuse_live_lease(entry: Entry, doing: str) -> None:
                 "renewed just as it was judged expired: its writer is at work",
                 url=entry.url) from None
         # Released meanwhile: nothing left to remove.
-    log.warning("%s: removed an expired lease (%s; not renewed for %.1f s by %s clock, "
-                "stale_after %g s)", entry.url, describe(holder), age, clock, limit)
+    log.warning("%s: removed %s", entry.url, expired)
+    return expired
 
 
 class Lease:
