@@ -977,10 +977,10 @@ class EntryWriter:
             len(self.entry.layout.records) + 1:]
         self._records_listing = dict(records)
         self._fragments = False
-        # The lease this writer holds is no other writer (it is proven at the commit).
-        others = {k for k in records
-                  if not (self._lease is not None and self.entry._is_lease_key(k))}
-        self._from_records = others == {mine}
+        # A lease in the listing, even this writer's own, sends the commit to the full
+        # listing: a waiter's takeover or a clean racing the write may have removed
+        # objects, which only a listing of the entry shows.
+        self._from_records = set(records) == {mine}
         return self._from_records
 
     def sync_soon(self, keys: Iterable[str]) -> None:
