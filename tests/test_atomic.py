@@ -226,6 +226,61 @@ def test_a_writer_overtaken_between_its_publish_and_its_marker_takes_its_marker_
     _never_an_old_record_over_new_bytes(url, b"theirs, written last")
 
 
+def test_a_writer_overtaken_before_its_check_never_removes_the_other_writers_object(
+        place: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer's whole atomic_write lands between this writer's publish and its
+    verify-after-write stat: the stat finds their object (another size). It used to be an
+    IntegrityError ("wrote N bytes, the store holds M") and the object at the path, theirs
+    and COMPLETE, was deleted."""
+    url = place.url("a.bin")
+    adapter, _ = durable.adapters.resolve(url)
+    cls = type(adapter)
+    original = cls.verify_written
+    ran: list[bool] = []
+
+    def race_then_verify(self: object, *args: object, **kwargs: object) -> None:
+        if not ran:
+            ran.append(True)
+            with atomic_write(url) as f:
+                f.write(b"theirs, written last and longer")
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cls, "verify_written", race_then_verify)
+    with atomic_write(url) as f:
+        f.write(b"mine, published first")
+    assert ran
+    assert place.read("a.bin") == b"theirs, written last and longer"
+    assert read_verified(url) == b"theirs, written last and longer"
+    assert durable.Entry(url).state() is durable.State.COMPLETE
+
+
+def test_a_marker_removed_as_it_is_withdrawn_is_no_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An overtaken writer withdraws its marker (a conditional delete) just as a third
+    writer's publish removes the marker (a plain delete, no lock): on a local disk the
+    check passed and the unlink found nothing, and atomic_write raised FileNotFoundError
+    naming the marker for a write that was whole. Gone is "not at that version"."""
+    from durable.adapters.local import LocalAdapter
+
+    url = str(tmp_path / "a.bin")
+    _racing(monkeypatch, url, b"theirs, written last")
+    original = LocalAdapter._check_version
+    removed: list[str] = []
+
+    def check_then_removed(self: LocalAdapter, path: str, version: str) -> None:
+        original(self, path, version)
+        if path.endswith("commit.json") and not removed:
+            removed.append(path)
+            os.unlink(path)  # another writer's plain delete of the marker, right now
+
+    monkeypatch.setattr(LocalAdapter, "_check_version", check_then_removed)
+    with atomic_write(url) as f:
+        f.write(b"mine, published first")
+    assert removed
+    assert Path(url).read_bytes() == b"theirs, written last"
+    _never_an_old_record_over_new_bytes(url, b"theirs, written last")
+
+
 def test_a_multipart_writer_overtaken_on_s3_takes_its_marker_back(
         s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the part size the record is a marker beside the object on S3 too."""

@@ -306,21 +306,28 @@ def test_paused_writer_cannot_commit_after_takeover(shared: Store, counter: str)
     assert entry.verify(deep=True).ok
 
 
-def test_another_writer_commits_first(local: Store, counter: str) -> None:
-    """A writer without a lease commits the entry while we compute: we return its result."""
+def test_a_writer_without_the_lease_cannot_get_in_while_we_compute(local: Store,
+                                                                  counter: str) -> None:
+    """A writer without a lease that wants in while we compute (resume, update, overwrite)
+    is refused, naming our lease: it would commit our partial objects, or clear them while
+    we write. We commit our own result."""
     f = cached_compute(local.root, {}, "raise")
     entry = f.entry(4)
+    refused: list[str] = []
 
-    def other_commits() -> None:
-        # resume=True: our lease's record is there, and a writer without a lease that
-        # wants in anyway resumes rather than clears (which would remove our lease).
-        with entry.writing(resume=True) as w:
-            w.write_bytes("value.json", b"[4, 1]")
-            w.write_bytes("key.json", b"{}")
+    def other_tries() -> None:
+        for how in ("resume", "update", "overwrite"):
+            with pytest.raises(IncompleteExistsError) as info, \
+                    entry.writing(**{how: True}) as w:
+                w.write_bytes("value.json", b"[4, 1]")
+            refused.append(str(info.value))
 
-    _cached_child.ON_COMPUTE = other_commits
-    assert f(4) == [4, 1]
-    assert f(4) == [4, 1]
+    _cached_child.ON_COMPUTE = other_tries
+    assert f(4).tolist() == [4, os.getpid()]
+    assert len(refused) == 3
+    assert all(entry.url in r and f"pid {os.getpid()}" in r and "expires at" in r
+               for r in refused), refused
+    assert f(4).tolist() == [4, os.getpid()]
     assert computations(counter) == [(4, os.getpid())]
 
 

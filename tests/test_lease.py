@@ -440,6 +440,111 @@ def test_a_failed_writer_leaves_the_entry_absent(place: Place) -> None:
     assert entry.state() is State.ABSENT
 
 
+# a writer without the lease ------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["overwrite", "resume", "update", "fresh"])
+def test_a_writer_without_the_lease_never_starts_over_a_live_holders_entry(
+        place: Place, how: str) -> None:
+    """Starting over would remove the holder's lease and data while its writes under way
+    (it learns of the loss at its next renewal) land in the other writer's entry; resuming
+    or updating would commit the holder's partial objects as the other writer's."""
+    entry = place.entry()
+    if how == "update":
+        with entry.writing() as w:
+            w.write_bytes("a", b"committed")
+    with place.lease() as holder, entry.writing(lease=holder,
+                                                overwrite=how == "update") as w:
+        w.write_bytes("a", b"holder-a")
+        with pytest.raises(IncompleteExistsError) as refused, \
+                place.entry().writing(**({} if how == "fresh" else {how: True})) as other:  # type: ignore[arg-type]
+            other.write_bytes("a", b"other-aa")  # pragma: no cover
+        message = str(refused.value)
+        assert entry.url in message and f"pid {os.getpid()}" in message
+        assert "expires at" in message and holder.url in message
+        assert holder.held
+        w.write_bytes("b", b"holder-late")  # lands in the holder's own entry
+    report = entry.verify(deep=True)
+    assert report.ok and entry.state() is State.COMPLETE
+    marker = entry.read_marker()
+    assert marker is not None and sorted(marker.manifest.objects) == ["a", "b"]  # type: ignore[union-attr]
+    fs, _ = fsspec.core.url_to_fs(place.url, **place.options)
+    fs.invalidate_cache()
+    assert fs.cat_file(f"{entry.path}/a") == b"holder-a"
+
+
+def test_zarr_and_xarray_overwrites_never_start_over_a_live_holders_entry(local: Place) -> None:
+    """The writers built on `Entry.writing` refuse the same way, naming the holder."""
+    import numpy as np
+    import xarray as xr
+
+    import durable.xarray as dx
+    import durable.zarr as dz
+
+    entry = local.entry()
+    with local.lease() as holder, entry.writing(lease=holder) as w:
+        w.write_bytes("zarr.json", b"{}")
+        with pytest.raises(IncompleteExistsError, match=f"pid {os.getpid()}"):
+            dz.write(local.url, np.arange(4), overwrite=True)
+        with pytest.raises(IncompleteExistsError, match=f"pid {os.getpid()}"):
+            dx.to_zarr(xr.Dataset({"v": ("x", np.arange(4))}), local.url, mode="w")
+        assert raw_exists(local, f"{entry.path}/zarr.json")
+    assert entry.verify(deep=True).ok
+
+
+def test_zarr_and_xarray_writes_under_a_lease(shared: Place) -> None:
+    """The dask guide's advice, hold a lease around the write, can be followed: the zarr
+    and xarray writers take it (without it their writing refused the entry: the lease read
+    as another writer at work)."""
+    import numpy as np
+    import xarray as xr
+
+    import durable.xarray as dx
+    import durable.zarr as dz
+
+    entry = shared.entry()
+    ds = xr.Dataset({"v": ("x", np.arange(8))})
+    with shared.lease() as lease:
+        dx.to_zarr(ds, shared.url, storage_options=shared.options or None, lease=lease)
+        assert entry.state() is State.COMPLETE and lease.held
+        dz.write(shared.url, np.arange(4), storage_options=shared.options or None,
+                 overwrite=True, lease=lease)
+        with dz.writing(shared.url, storage_options=shared.options or None, update=True,
+                        lease=lease) as store:
+            import zarr
+
+            zarr.open_array(store, mode="r+")[:2] = [7, 7]
+        assert lease.held
+    assert entry.verify(deep=True).ok
+    assert not raw_exists(shared, lease.path)
+    array = dz.open(shared.url, storage_options=shared.options or None)
+    assert array[:].tolist() == [7, 7, 2, 3]
+
+
+def test_an_expired_lease_is_taken_by_a_writer_without_one(shared: Place) -> None:
+    """A holder that stopped renewing for its stale_after (by the store's clock) is dead
+    or paused: an overwrite without the lease removes its lease (conditionally), and the
+    holder, if it comes back, finds it lost."""
+    entry = shared.entry()
+    holder = shared.lease().acquire()
+    with pytest.raises(LeaseLostError), entry.writing(lease=holder) as w:
+        w.write_bytes("a", b"holder-a")
+        holder._stop.set()  # paused: no more renewals
+        assert holder._thread is not None
+        holder._thread.join()
+        time.sleep(STALE + 1.5)  # + the second's resolution of the store's clock
+        with pytest.raises(IncompleteExistsError, match=r"expired: not renewed for .* "
+                           r"Pass overwrite=True or resume=True"), shared.entry().writing():
+            pass  # pragma: no cover
+        assert raw_exists(shared, holder.path)  # a refused writer only names it
+        with shared.entry().writing(overwrite=True) as other:
+            other.write_bytes("a", b"other-aa")
+        assert entry.state() is State.COMPLETE
+        assert not raw_exists(shared, holder.path)
+        w.write_bytes("b", b"holder-late")  # the paused holder is stopped, not landing
+    holder.release()
+    assert entry.verify(deep=True).ok  # nothing of the holder's landed, nothing removed
+    assert sorted(entry.read_marker().manifest.objects) == ["a"]  # type: ignore[union-attr]
+
+
 # GCS and Azure ------------------------------------------------------------------------------
 @pytest.mark.parametrize("fixture", [pytest.param("azure_container", marks=pytest.mark.azure),
                                      pytest.param("fake_gcs_bucket", marks=pytest.mark.gcs)])

@@ -882,6 +882,59 @@ def test_scan_and_clean_requests_grow_with_entries_not_objects(s3_bucket: Any) -
 
 
 @pytest.mark.s3
+def test_clean_keeps_the_lease_of_a_writer_that_took_over_while_it_removed_the_data(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiter takes a dead writer's stale lease over, and starts writing, while clean
+    removes that entry's data: clean removed the whole records directory after the data,
+    the new holder's lease and attempt record with it (reported "removed"), and the
+    holder, unaware, failed at its commit with LeaseLostError. Only the records planned,
+    each as planned, go."""
+    import durable._ops
+    from durable import Entry, Lease, State
+    from durable._lease import LeaseWatch
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+
+    root = os.path.realpath(tmp_path)
+    url = f"{root}/ent.zarr"
+    dead = Lease(url, heartbeat=0.05, stale_after=0.5).acquire()
+    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
+    killed.__enter__().write_bytes("c/0", b"dead writer's")
+    dead._stop.set()  # killed: no more renewals
+    assert dead._thread is not None
+    dead._thread.join()
+    adapter, path = resolve(root)
+    sv = survey(adapter, path)
+    report = plan_clean(sv, older_than=0, lease_wait=2.0)
+    assert [(i.kind, i.url) for i in report.items] == [("entry", Entry(url).url)]
+    original = durable._ops.delete_tree
+    taker: list[Any] = []
+
+    def a_takeover_meanwhile(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        if not taker:
+            watch = LeaseWatch(url, stale_after=0.5)
+            while not (view := watch.poll()) or not view.stale:  # type: ignore[union-attr]
+                time.sleep(0.05)
+            lease = Lease(url, heartbeat=0.05, stale_after=0.5).take_over(view)
+            writing = Entry(url).writing(lease=lease, overwrite=True)
+            writing.__enter__().write_bytes("c/0", b"taker's")
+            taker.extend([lease, writing])
+
+    monkeypatch.setattr(durable._ops, "delete_tree", a_takeover_meanwhile)
+    apply_clean(sv, report)
+    (item,) = report.items
+    assert item.status == "failed" and "its records are kept" in (item.detail or "")
+    lease, writing = taker
+    assert lease.held
+    writing.__exit__(None, None, None)  # the taker commits
+    lease.release()
+    entry = Entry(url)
+    assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok
+    assert Path(url, "c/0").read_bytes() == b"taker's"
+
+
 def test_clean_aborts_uploads_abandoned_by_durable_writers(s3_bucket: Any) -> None:
     from durable import atomic_write
 

@@ -133,6 +133,13 @@ def publish(adapter: Adapter, raw: AtomicFile, path: str, layout: Layout | None,
     try:
         adapter.verify_written(path, raw.checksum, verify)
     except IntegrityError:
+        now = adapter.info(path)
+        if info.version is not None and now is not None and now.version != info.version:
+            # Not what this writer published: another writer of the same path published
+            # over it in between, and what the check found is theirs, maybe COMPLETE by
+            # now. It is neither removed (their data) nor judged by this writer's record
+            # (no marker): this write was whole, and was then replaced.
+            return info
         # The store holds something other than what was sent: take it away rather than
         # leave a wrong object under the name (no marker is written for it; a record in
         # its metadata names the bytes sent, which it does not hold: reads fail loudly).

@@ -514,6 +514,9 @@ class Entry:
         ``lease``: a `durable.Lease` held on this entry. It must be held at the start, the
         marker is written only while it still is (`Lease.fenced`: LeaseLostError
         otherwise), overwriting keeps it, and a writer that lost it removes nothing.
+        Without ``lease``, overwriting, resuming and updating refuse an entry whose lease
+        another writer holds live (IncompleteExistsError naming the holder and when it
+        expires); an expired lease is removed (`durable._lease.refuse_live_lease`).
         """
         self.layout.refuse_inside_records()
         chosen = [n for n, v in (("overwrite", overwrite), ("resume", resume),
@@ -544,6 +547,15 @@ class Entry:
         # Overwriting, resuming and updating keep look-then-announce: `_clear` removes the
         # records dir, which would remove a record put first.
         first = not (overwrite or resume or update)
+        doing = ("starting over" if overwrite else "resuming" if resume
+                 else "updating" if update else "")
+        if not first and not keep_lease:
+            from durable._lease import refuse_live_lease  # (_lease imports this module)
+
+            # Another writer's live lease: starting over would remove its data while its
+            # writes under way land in this writer's entry; resuming or updating would
+            # commit its partial objects. An expired lease is removed (conditionally).
+            refuse_live_lease(self, doing)
         for again in (first, False):
             try:
                 if first:
@@ -572,6 +584,16 @@ class Entry:
         writer._baseline = {k: (rec, versions[k]) for k, rec in seed.items()}
         if not first:
             self.adapter.put(record, attempt_record_bytes(writer.attempt), durable=False)
+            if not keep_lease:
+                # Looked again once announced: a writer that took the lease since the look
+                # above either listed the records after this record (and refuses) or
+                # before it, and then its lease is here now (the clear keeps leases).
+                try:
+                    refuse_live_lease(self, doing)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        self.adapter.delete([record])
+                    raise
         try:
             yield writer
             writer._closed = True
@@ -592,7 +614,7 @@ class Entry:
                         <= {f"{writer.attempt}.json"}
                         and self.adapter.info(self.layout.marker) is None):
                     self.adapter.delete_prefix(self.path)
-                    self._clear_records(keep_lease)
+                    self._clear_records()
                 else:
                     self.adapter.delete([self.layout.attempt_record(writer.attempt),
                                          *writer._spent])
@@ -610,7 +632,7 @@ class Entry:
             if not overwrite:
                 raise
             # A marker nobody can read describes nothing: overwriting is the way out.
-            self._clear(keep_lease)
+            self._clear()
             st = Status(State.ABSENT, "cleared an unreadable marker")
         if st.state is State.COMPLETE and update and not overwrite:
             assert st.marker is not None and st.marker.manifest is not None
@@ -629,10 +651,10 @@ class Entry:
             if not overwrite:
                 raise AlreadyCompleteError(f"{self.url} is already COMPLETE ({st.reason})",
                                            url=self.url)
-            self._clear(keep_lease, st.marker)
+            self._clear(st.marker)
         elif st.state is State.INCOMPLETE:
             if overwrite:
-                self._clear(keep_lease)
+                self._clear()
             elif resume:
                 return False, {}, {}
             elif update:
@@ -649,6 +671,17 @@ class Entry:
                     "overwrite=True, or Entry.delete() / `durable clean` once nothing "
                     "writes it", url=self.url)
             else:
+                if not keep_lease:
+                    from durable._lease import refuse_live_lease
+
+                    # Refused beside a lease: whose it is, live (IncompleteExistsError
+                    # naming the holder and when it expires) or expired (said below).
+                    expired = refuse_live_lease(self, "starting", remove=False)
+                    if expired is not None:
+                        raise IncompleteExistsError(
+                            f"{self.url} is INCOMPLETE: {expired}: a killed or stopped "
+                            "writer's leftover. Pass overwrite=True or resume=True to take "
+                            "it over", url=self.url)
                 raise (_RacedStart if st.racing else IncompleteExistsError)(
                     f"{self.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "
                     "a writer still at work. Resolve it with Entry.delete() or "
@@ -656,27 +689,30 @@ class Entry:
                     "resume=True", url=self.url)
         return True, {}, {}
 
-    def _clear(self, keep_lease: bool = False, marker: Marker | None = None) -> None:
+    def _clear(self, marker: Marker | None = None) -> None:
         """Remove the entry's data and records for a writer starting over it. ``marker``:
         the entry's, if it was read: its manifest names the documents to remove first."""
         # Marker first: from here on nobody can take this entry for COMPLETE.
         self.adapter.delete([self.layout.marker])
         delete_tree(self.adapter, self.path, None if marker is None or marker.manifest is None
                     else list(marker.manifest.objects))
-        self._clear_records(keep_lease)
+        self._clear_records()
 
     def _is_lease_key(self, key: str) -> bool:
         """The lease, or a temp file of a write of it (keys relative to the records)."""
         name = self.layout.lease.rpartition("/")[2]
         return key == name or (key.startswith(f".{name}") and TMP_MARK in key)
 
-    def _clear_records(self, keep_lease: bool) -> None:
-        if not keep_lease:
-            self.adapter.delete_prefix(self.layout.records)
-            return
-        # The lease stays: removing it would let a third writer in beside its holder.
+    def _clear_records(self) -> None:
+        # A lease stays, whoever holds it: the writer clearing holds it, or it was taken
+        # since that writer found none (an expired one it removed itself,
+        # `refuse_live_lease`). Removing it would let a third writer in beside its holder,
+        # and its holder's writes land in this writer's entry.
         self.adapter.delete([i.path for k, i in self.adapter.list(self.layout.records).items()
                              if not self._is_lease_key(k)])
+        # Directories left empty (a disk's fragments/<attempt>/): an empty records dir
+        # would read as a writer started.
+        self.adapter.prune(self.layout.records)
 
     def _commit(self, writer: EntryWriter, unrecorded: Literal["adopt", "error"],
                 lease: Lease | None = None) -> Marker:
@@ -992,6 +1028,9 @@ class EntryWriter:
             len(self.entry.layout.records) + 1:]
         self._records_listing = dict(records)
         self._fragments = False
+        # A lease in the listing, even this writer's own, sends the commit to the full
+        # listing: a waiter's takeover or a clean racing the write may have removed
+        # objects, which only a listing of the entry shows.
         self._from_records = set(records) == {mine}
         return self._from_records
 

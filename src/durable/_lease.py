@@ -39,6 +39,7 @@ moment (said here, never pretended).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import math
@@ -58,13 +59,18 @@ from durable._protocol import utc_now
 from durable.adapters import ObjectInfo
 from durable.adapters.base import VersionMismatchError
 
-__all__ = ["Lease", "LeaseView", "LeaseWatch"]
+__all__ = ["Lease", "LeaseView", "LeaseWatch", "refuse_live_lease"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "durable.lease"
 _MAX_BODY = 64 * 1024
 _ACQUIRE_TRIES = 3
+# `Lease`'s default stale_after: a lease whose body cannot be read is judged by it.
+_DEFAULT_STALE_AFTER = 30.0
+# Modification times and HTTP dates are given to the second: a lease renewed a moment ago
+# can look up to this much older than it is.
+_CLOCK_STEP = 1.0
 
 
 def _entry_of(url: str | Entry, storage_options: dict[str, Any] | None) -> Entry:
@@ -77,6 +83,76 @@ def describe(holder: Mapping[str, Any] | None) -> str:
         return "holder unreadable"
     return (f"held by {holder.get('host', '?')} pid {holder.get('pid', '?')} since "
             f"{holder.get('acquired_at', '?')}")
+
+
+def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True) -> str | None:
+    """For a writer WITHOUT the lease about to start over, resume or update ``entry``
+    (``doing``: which, for the message): IncompleteExistsError naming the entry, the holder
+    and when the lease expires if another writer's lease is live. Starting over would
+    remove the data it is writing, and its writes still under way (it learns that it lost
+    the lease only at its next renewal) would land in this writer's entry; resuming or
+    updating would commit its partial objects as this writer's.
+
+    A lease not renewed for its holder's ``stale_after`` (its age by the store's clock:
+    the Date of the store's answer against the lease's modification time; on a local disk
+    this machine's clock against the file's mtime) is expired: it is removed, on the
+    version judged (one renewed meanwhile is live after all), so its holder, if only
+    paused, finds it lost at its next renewal or write. A lease whose age cannot be told
+    (no modification time) counts as live.
+
+    Returns None if there was no lease, else what the expired lease was (removed only
+    with ``remove``: a writer refused for other reasons only names it).
+    """
+    adapter, path = entry.adapter, entry.layout.lease
+    info = adapter.info(path)
+    if info is None:
+        return None
+    holder = LeaseWatch(entry, adapter=adapter, path=path)._read(info)
+    theirs = holder.get("stale_after") if holder else None
+    limit = (float(theirs) if isinstance(theirs, int | float) and not isinstance(theirs, bool)
+             and math.isfinite(theirs) and theirs > 0 else _DEFAULT_STALE_AFTER)
+    lease_url = adapter.url(path)
+
+    def held(when: str) -> IncompleteExistsError:
+        return IncompleteExistsError(
+            f"{entry.url}: not {doing}: another writer holds its lease {lease_url} "
+            f"({describe(holder)}); {when}. Wait for that writer to commit or for its lease "
+            "to expire, or write under the lease (durable.Lease) once it is free",
+            url=entry.url)
+
+    if info.modified is None:
+        raise held("its age cannot be told (the store gives no modification time)")
+    store_now = adapter.now(path)
+    clock = "this machine's" if store_now is None else "the store's"
+    age = max(0.0, (time.time() if store_now is None else store_now) - info.modified)
+    if age <= limit + _CLOCK_STEP:
+        expires = datetime.datetime.fromtimestamp(info.modified + limit + _CLOCK_STEP,
+                                                  datetime.UTC)
+        raise held(f"renewed {age:.1f} s ago by {clock} clock, it expires at "
+                   f"{expires:%Y-%m-%dT%H:%M:%SZ} ({limit + _CLOCK_STEP - age:.0f} s from "
+                   "now) unless renewed")
+    expired = (f"its lease {lease_url} ({describe(holder)}) expired: not renewed for "
+               f"{age:.1f} s by {clock} clock (stale_after {limit:g} s)")
+    if not remove:
+        return expired
+    # The store's conditional-write probe (once per endpoint) beside the records directory,
+    # not in it, as for `Lease`: a probe in it would read as another writer's record.
+    conditional = adapter.supports_conditional(
+        f"{entry.layout.records.rpartition('/')[0]}/lease-probe")
+    try:
+        if conditional:
+            adapter.delete_if(path, info.version or "")
+        else:
+            adapter.delete([path])  # a best_effort lease: no conditional delete to use
+    except VersionMismatchError:
+        if adapter.info(path) is not None:
+            raise IncompleteExistsError(
+                f"{entry.url}: not {doing}: its lease {lease_url} ({describe(holder)}) was "
+                "renewed just as it was judged expired: its writer is at work",
+                url=entry.url) from None
+        # Released meanwhile: nothing left to remove.
+    log.warning("%s: removed %s", entry.url, expired)
+    return expired
 
 
 class Lease:

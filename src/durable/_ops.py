@@ -813,7 +813,21 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         item.status, item.detail = "failed", ("a writer committed it while its data was "
                                               "being removed; its marker is kept")
         return
-    a.delete_prefix(layout.records)
+    # Only the records planned, each still as planned: a writer that started while the
+    # data was being removed (a waiter taking the stale lease over, a new attempt record)
+    # keeps its records. Removing its lease would leave it writing unaware, its writes
+    # landing in whatever entry the next writer starts. (Checked by this listing, one
+    # round trip before the delete, where the data's removal took many.)
+    listed = a.list(layout.records)
+    planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
+    a.delete([i.path for i in planned.values()])
+    kept = sorted(set(listed) - set(planned))
+    a.prune(layout.records)
+    if kept:
+        item.status, item.detail = "failed", (
+            "a writer started while its data was being removed; its records are kept ("
+            + ", ".join(a.url(f"{layout.records}/{k}") for k in kept[:3]) + ")")
+        return
     item.status = "removed"
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import xarray as xr
 
 from durable._entry import Entry
+from durable._lease import Lease
 from durable.zarr import _V3_CONSOLIDATED_WARNING, VerifyingStore, _reconsolidate, _writing
 
 __all__ = ["open_zarr", "to_zarr"]
@@ -32,7 +33,8 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
             overwrite: bool | None = None, resume: bool = False,
             update: bool | None = None,
             consolidated: bool = True,
-            unrecorded: Literal["adopt", "error"] = "adopt", **xarray_kwargs: Any) -> Entry:
+            unrecorded: Literal["adopt", "error"] = "adopt", lease: Lease | None = None,
+            **xarray_kwargs: Any) -> Entry:
     """Write ``ds`` to ``url`` as one entry (``Dataset.to_zarr`` inside `durable.zarr.writing`).
 
     ``mode`` is xarray's; by default ``"w-"`` for a new entry, ``"w"`` with
@@ -43,7 +45,7 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
     ``append_dim``: the rows the unfinished write added would stay fill values).
     ``mode="w"`` means what it means to xarray, replace what is there: ``overwrite``
     defaults to True with it (unless ``resume``), False otherwise. ``overwrite``, ``resume``,
-    ``update`` and ``unrecorded`` are those of `durable.zarr.writing`. Other keyword
+    ``update``, ``unrecorded`` and ``lease`` are those of `durable.zarr.writing`. Other keyword
     arguments go to ``Dataset.to_zarr``; ``compute=False`` is refused (the commit must
     follow the writes). Returns the Entry.
 
@@ -83,7 +85,7 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
     with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
                   update=update, unrecorded=unrecorded,
                   stage="eager" if resume or update else "on_handoff", sole_writer=True,
-                  ) as store, warnings.catch_warnings():
+                  lease=lease) as store, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
         ds.to_zarr(store, mode=mode, consolidated=consolidated, **xarray_kwargs)
         if (update or resume) and not consolidated:

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import zarr
 
 from durable._entry import Entry
+from durable._lease import Lease
 from durable._zarr_reading import VerifyingStore
 from durable._zarr_writing import WritingStore, coordinating, flush_fragments
 
@@ -45,12 +46,14 @@ __all__ = ["VerifyingStore", "WritingStore", "flush_fragments", "open", "write",
 def writing(url: str, *, storage_options: dict[str, Any] | None = None,
             overwrite: bool = False, resume: bool = False, update: bool = False,
             unrecorded: Literal["adopt", "error"] = "adopt",
-            stage: Literal["eager", "on_handoff"] = "eager") -> Iterator[WritingStore]:
+            stage: Literal["eager", "on_handoff"] = "eager",
+            lease: Lease | None = None) -> Iterator[WritingStore]:
     """Write a zarr hierarchy or array at ``url`` as one entry; commit on clean exit.
 
     Yields the `WritingStore` to pass to zarr (``zarr.create_array(store, ...)``,
     ``zarr.open_array(store, mode="r+")``, ``ds.to_zarr(store)``). ``overwrite``,
-    ``resume`` and ``update`` are those of `Entry.writing`: ``update=True`` changes a
+    ``resume``, ``update`` and ``lease`` (a `durable.Lease` held on the entry, which keeps
+    every other writer out) are those of `Entry.writing`: ``update=True`` changes a
     COMPLETE entry in place (append, resize), its metadata hidden from plain readers
     until the new commit. ``unrecorded="error"`` refuses to commit chunks that no
     process recorded (instead of reading them back).
@@ -65,7 +68,7 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     durable), so the only retry is ``overwrite=True``. `write` uses it.
     """
     with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=resume,
-                  update=update, unrecorded=unrecorded, stage=stage) as store:
+                  update=update, unrecorded=unrecorded, stage=stage, lease=lease) as store:
         yield store
         if update or resume:
             _reconsolidate(store)
@@ -103,7 +106,7 @@ def _reconsolidate(store: WritingStore) -> None:
 def _writing(url: str, *, storage_options: dict[str, Any] | None, overwrite: bool,
              resume: bool, update: bool, unrecorded: Literal["adopt", "error"],
              stage: Literal["eager", "on_handoff"], sole_writer: bool = False,
-             ) -> Iterator[WritingStore]:
+             lease: Lease | None = None) -> Iterator[WritingStore]:
     """`writing`; ``sole_writer``: the caller drives every write of the entry through the
     store it yields (`write`, `durable.xarray.to_zarr`), so a fresh write on an object
     store that was never handed to another process commits from its records, without a
@@ -115,7 +118,7 @@ def _writing(url: str, *, storage_options: dict[str, Any] | None, overwrite: boo
                          "write reads the metadata staged or published before it")
     entry = Entry(url, storage_options=storage_options)
     with entry.writing(overwrite=overwrite, resume=resume, update=update,
-                       unrecorded=unrecorded) as writer, coordinating(
+                       unrecorded=unrecorded, lease=lease) as writer, coordinating(
             entry, writer, storage_options=storage_options, hide=resume or update,
             fresh=not (resume or update), deferred=stage == "on_handoff",
             sole_writer=sole_writer) as store:
@@ -125,7 +128,7 @@ def _writing(url: str, *, storage_options: dict[str, Any] | None, overwrite: boo
 def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "auto",
           storage_options: dict[str, Any] | None = None, overwrite: bool = False,
           zarr_format: Literal[2, 3] = 3, checksum_codec: bool = False,
-          **create_kwargs: Any) -> Entry:
+          lease: Lease | None = None, **create_kwargs: Any) -> Entry:
     """Create the array ``data`` (NumPy-like) at ``url`` and commit it; returns the Entry.
 
     ``create_kwargs`` go to `zarr.create_array`. ``checksum_codec=True`` (zarr format 3)
@@ -134,7 +137,8 @@ def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "a
 
     The metadata is held in memory until the commit (``stage="on_handoff"`` of
     `writing`): a write killed part-way leaves chunks and no metadata (INCOMPLETE);
-    retry it with ``overwrite=True``, which starts over.
+    retry it with ``overwrite=True``, which starts over. ``lease``: a `durable.Lease`
+    held on the entry (`Entry.writing`).
     """
     if checksum_codec:
         if zarr_format != 3:
@@ -153,7 +157,7 @@ def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "a
     entry = Entry(url, storage_options=storage_options)
     with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=False,
                   update=False, unrecorded="adopt", stage="on_handoff",
-                  sole_writer=True) as store:
+                  sole_writer=True, lease=lease) as store:
         zarr.create_array(store, data=data, chunks=chunks, zarr_format=zarr_format,
                           **create_kwargs)
     return entry

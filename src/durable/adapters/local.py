@@ -481,7 +481,16 @@ class LocalAdapter(Adapter):
     def delete_if(self, path: str, version: str) -> None:
         with _cas_lock(path):
             self._check_version(path, version)
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                # Removed by a plain delete (which takes no lock) since the check: no
+                # longer at that version, as GCS and Azure answer (a marker withdrawn by
+                # one atomic_write as another removes it raised FileNotFoundError).
+                url = self.url(path)
+                raise VersionMismatchError(f"{url}: expected version {version}, found no "
+                                           "object", url=url, expected=version,
+                                           found=None) from None
 
     def prune(self, prefix: str) -> None:
         root = prefix.rstrip("/")
