@@ -519,6 +519,28 @@ def test_zarr_and_xarray_writes_under_a_lease(shared: Place) -> None:
     assert array[:].tolist() == [7, 7, 2, 3]
 
 
+def test_a_zarr_writer_that_lost_its_lease_writes_no_more_chunks(local: Place) -> None:
+    """Taken over, the holder's zarr store refuses the next chunk (LeaseLostError), as
+    `EntryWriter.open` does; it used to write it into the taker's entry."""
+    import zarr
+
+    import durable.zarr as dz
+
+    holder = local.lease().acquire()
+    with pytest.raises(LeaseLostError), dz.writing(local.url, lease=holder) as store:
+        array = zarr.create_array(store, shape=(4,), chunks=(2,), dtype="int64")
+        array[:2] = [1, 2]
+        taker = take_over_now(local, holder)
+        wait_for(lambda: holder.lost is not None, "the holder's heartbeat sees the takeover")
+        with local.entry().writing(lease=taker, overwrite=True) as w:
+            w.write_bytes("zarr.json", b"{}")
+        array[2:] = [3, 4]
+    holder.release()
+    taker.release()
+    assert local.entry().verify(deep=True).ok  # nothing of the holder's landed in it
+    assert sorted(local.entry().read_marker().manifest.objects) == ["zarr.json"]  # type: ignore[union-attr]
+
+
 def test_an_expired_lease_is_taken_by_a_writer_without_one(shared: Place) -> None:
     """A holder that stopped renewing for its stale_after (by the store's clock) is dead
     or paused: an overwrite without the lease removes its lease (conditionally), and the

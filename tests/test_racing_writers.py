@@ -254,3 +254,36 @@ def test_a_start_whose_put_landed_but_failed_removes_its_record(
     assert plain.find(f"{s3_bucket.name}/.durable/e/") == []
     assert Entry(s3_bucket.path("e"), storage_options=s3_bucket.storage_options).state() \
         is State.ABSENT
+
+
+@pytest.mark.parametrize("how", ["fresh", "overwrite"])
+def test_an_attempt_record_removed_as_it_is_written_is_a_refusal_naming_the_entry(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Another writer clearing the entry's records removes this writer's attempt record
+    (its temp file) between its write and its rename: the writer failed with a bare
+    FileNotFoundError naming only the temp file. A fresh writer tries once more; an
+    overwriting one is refused, naming the entry and the record."""
+    from durable.adapters.local import LocalAdapter
+
+    url = os.path.join(os.path.realpath(tmp_path), "ent")
+    original = LocalAdapter.put
+    removed: list[str] = []
+
+    def removed_meanwhile(self: LocalAdapter, path: str, data: bytes, **kw: Any) -> Any:
+        if "/attempts/" in path and not removed:
+            removed.append(path)
+            temp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.durable-tmp-0"
+            raise FileNotFoundError(2, "No such file or directory", temp)
+        return original(self, path, data, **kw)
+
+    monkeypatch.setattr(LocalAdapter, "put", removed_meanwhile)
+    if how == "fresh":
+        with Entry(url).writing() as w:  # the second try goes through
+            w.write_bytes("a", b"1")
+        assert removed and Entry(url).state() is State.COMPLETE
+        return
+    with pytest.raises(IncompleteExistsError) as refused, \
+            Entry(url).writing(overwrite=True):
+        pass  # pragma: no cover
+    assert removed and Entry(url).url in str(refused.value)
+    assert "attempt record" in str(refused.value)

@@ -747,6 +747,39 @@ def test_write_under_a_lease_commits_and_keeps_a_second_writer_out(tmp_path: Any
     assert dts.entry_for(url).verify(deep=True).ok
 
 
+def test_a_writer_that_lost_its_lease_writes_no_more(tmp_path: Any) -> None:
+    """Taken over, the holder's next write is LeaseLostError (as `EntryWriter.open`);
+    it used to land in the entry of the writer that took the lease over."""
+    import time
+
+    from durable import Entry, LeaseLostError
+    from durable._lease import Lease, LeaseView, LeaseWatch
+
+    url = os.path.join(tmp_path, "arr")
+    holder = Lease(url, heartbeat=0.1, stale_after=1.0).acquire()
+    with pytest.raises(LeaseLostError), dts.writing(url, lease=holder) as w:
+        array = w.open(create=True, dtype=ts.float32, shape=[20, COLS],
+                       chunk_layout=ts.ChunkLayout(write_chunk_shape=[10, COLS]))
+        w.write(array[:10], values(10)).result()
+        view = LeaseWatch(url).poll()
+        assert view is not None
+        with holder._lock:  # a waiter's takeover, between two of the holder's renewals
+            taker = Lease(url, heartbeat=0.1, stale_after=1.0).take_over(
+                LeaseView(view.version, view.holder, 1.0, 1.0, True))
+        deadline = time.monotonic() + 30
+        while holder.lost is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with Entry(url).writing(lease=taker, overwrite=True) as other:
+            other.write_bytes("zarr.json", b"{}")
+        w.write(array[10:], values(10, 3))
+    holder.release()
+    taker.release()
+    entry = Entry(url)
+    assert entry.verify(deep=True).ok  # nothing of the holder's landed in it
+    assert sorted(entry.read_marker().manifest.objects) == ["zarr.json"]  # type: ignore[union-attr]
+
+
 def test_open_refuses_anything_but_complete(target: Target) -> None:
     url = target.url("arr")
     with pytest.raises(IncompleteError, match="ABSENT") as err:

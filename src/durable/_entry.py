@@ -561,8 +561,7 @@ class Entry:
                 if first:
                     # In the try: a PUT that landed but failed (an interrupt, a lost answer)
                     # is removed too, never left to make the entry look worked on.
-                    self.adapter.put(record, attempt_record_bytes(writer.attempt),
-                                     durable=False)
+                    self._announce(record, writer.attempt, _RacedStart)
                 fresh, seed, versions = self._start(
                     keep_lease, overwrite=overwrite, resume=resume, update=update,
                     own_attempt=writer.attempt if first else None)
@@ -583,7 +582,7 @@ class Entry:
             time.sleep(random.uniform(*_RACE_PAUSE))
         writer._baseline = {k: (rec, versions[k]) for k, rec in seed.items()}
         if not first:
-            self.adapter.put(record, attempt_record_bytes(writer.attempt), durable=False)
+            self._announce(record, writer.attempt, IncompleteExistsError)
             if not keep_lease:
                 # Looked again once announced: a writer that took the lease since the look
                 # above either listed the records after this record (and refuses) or
@@ -619,6 +618,22 @@ class Entry:
                     self.adapter.delete([self.layout.attempt_record(writer.attempt),
                                          *writer._spent])
             raise
+
+    def _announce(self, record: str, attempt: str,
+                  refused: type[IncompleteExistsError]) -> None:
+        """Write this writer's attempt record; ``refused`` if it was removed as it was
+        written (on a local disk its temp file or directory, by a writer clearing the
+        entry's records at that moment): a raw FileNotFoundError named only a temp file."""
+        try:
+            self.adapter.put(record, attempt_record_bytes(attempt), durable=False)
+        except FileNotFoundError as exc:
+            if TMP_MARK not in str(exc.filename or ""):
+                raise  # not the temp file (a bucket that does not exist, ...)
+            raise refused(f"{self.url}: this writer's attempt record "
+                          f"{self.adapter.url(record)} was removed as it was written "
+                          "(another writer clearing the entry's records at that moment, "
+                          "or a clean); nothing was written: try again",
+                          url=self.url) from None
 
     def _start(self, keep_lease: bool, *, overwrite: bool, resume: bool, update: bool,
                own_attempt: str | None

@@ -323,6 +323,11 @@ class WritingStore(WrapperStore[Store]):
         if getattr(self._recorder, "_closed", False):
             raise ValueError(f"{self._url}: the durable.zarr.writing() block has ended; "
                              "write again with writing(url, update=True)")
+        lease = getattr(self._recorder, "_lease", None)
+        if lease is not None:
+            # A writer that lost its lease stops writing, as `EntryWriter.open` does: its
+            # chunks would land in the entry of the writer that took the lease over.
+            lease.check()
 
     async def set(self, key: str, value: Buffer) -> None:
         self._check_open()

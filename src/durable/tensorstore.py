@@ -242,7 +242,16 @@ class TensorStoreWriter:
 
     def write(self, target: Any, value: Any) -> Any:
         """``target.write(value)``, waited for before the commit; returns its WriteFutures."""
+        self._check_lease()
         return self.track(target.write(value))
+
+    def _check_lease(self) -> None:
+        """LeaseLostError if the writer's lease was lost (taken over): a writer that lost
+        it stops writing, as `EntryWriter.open` does, else its chunks land in the entry
+        of the writer that took it over."""
+        lease = self._writer._lease
+        if lease is not None:
+            lease.check()
 
     def _stream(self, array: ts.TensorStore, values: Any) -> bool:
         """Write ``values`` into ``array`` (created here, at the entry's root) by encoding
@@ -271,6 +280,7 @@ class TensorStoreWriter:
         sent: list[tuple[str, Any]] = []
         with self._beside_metadata(lambda: [f for _, f in (*in_flight, *sent)]):
             for start in range(0, values.shape[0], step):
+                self._check_lease()
                 stop = min(start + step, values.shape[0])  # tensorstore does not clip
                 draft[start:stop].write(values[start:stop]).result()
                 sent = []
@@ -336,6 +346,7 @@ class TensorStoreWriter:
 
         with self._beside_metadata(lambda: (future for _, future in started)):
             for key, at in chunks:
+                self._check_lease()
                 # tensorstore does not clip a region to the domain: the edge's is cut here
                 where = tuple(slice(i * n, min((i + 1) * n, end)) for i, n, end in
                               zip(at, shape, values.shape, strict=True))
