@@ -768,7 +768,9 @@ def test_a_put_answered_with_another_crc32c_is_refused(
                          verify=verify) as f:
         f.write(data)
     assert (err.value.expected, err.value.found) == (sent, other)
-    assert _object_requests(proxy, "obj.bin") == ["PUT"]  # refused on the answer alone
+    # Refused on the answer alone (no GET of the bytes); the HEAD asks whether the object is
+    # still this writer's before it is taken away (another writer's is left alone)
+    assert _object_requests(proxy, "obj.bin") == ["PUT", "HEAD"]
     assert stored(boto, s3_bucket, "obj.bin") is None  # taken away, and no marker written
     assert boto.list_objects_v2(Bucket=s3_bucket.name).get("KeyCount") == 0
 
