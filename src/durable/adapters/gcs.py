@@ -512,6 +512,17 @@ class GCSAdapter(Adapter):
                 raise IntegrityError(f"{url}: asked for generation {info.version}, served "
                                      f"{served}", url=url, expected=info.version,
                                      found=served)
+            # The bytes asked for, as on S3: a store (or a proxy) answering another range of
+            # the same length would hand out the wrong bytes, caught by nothing where the
+            # object has no record (require_record=False, durable:: on a plain object).
+            # (A body of another length is the reader's error: it says how many bytes.)
+            want = f"bytes {start}-{start + length - 1}/{info.size}"
+            answered = reply.get("Content-Range")
+            if len(body) == length and answered != want and (
+                    answered is not None or start or length != info.size):
+                raise IntegrityError(f"{url}: asked for {want}, the store answers "
+                                     f"Content-Range {answered}", url=url, expected=want,
+                                     found=answered)
             data: bytes = body
             return data
 
