@@ -544,6 +544,21 @@ def test_a_ranged_get_answered_with_another_range_is_refused(
         f.read(1000)
 
 
+def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A store that closes the connection on every request (the client's retries spent,
+    a bounded number): an OSError naming the object and the request, as on S3; it was
+    aiohttp's ServerDisconnectedError, no OSError, naming nothing."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"d" * 1000)
+    proxy.add(drop_connection(match=Match(methods="GET", query="alt")))
+    with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
+                                      "Serv[A-Za-z]*Error: Server disconnected"):
+        read_verified(url, storage_options=bucket.storage_options)
+
+
 def test_an_error_page_served_as_200_for_the_resource_names_the_object(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an XML error page as 200 to the JSON resource GET: an

@@ -123,6 +123,10 @@ def _failure(url: str, what: str, exc: Exception) -> Exception | None:
     if type(exc) is OSError and str(exc).startswith("Forbidden"):
         detail = str(exc).partition("\n")[2]
         return PermissionError(f"{url}: {what} answered HTTP 403: {_said(detail)}")
+    if isinstance(exc, aiohttp.ClientError) and not isinstance(
+            exc, aiohttp.ClientPayloadError | OSError):
+        # A connection the store closed (ServerDisconnectedError) on every retry gcsfs made.
+        return OSError(f"{url}: {what} failed: {type(exc).__name__}: {_said(exc)}")
     if isinstance(exc, TimeoutError):
         # fsspec's FSTimeoutError of gcsfs's requests_timeout: it says nothing at all.
         return TimeoutError(f"{url}: {what} got no whole answer within the filesystem's "
@@ -308,7 +312,7 @@ class GCSAdapter(Adapter):
         FileExistsError, which the callers judge)."""
         try:
             return self.fs.call(*args, **kwargs)
-        except (HttpError, OSError, ValueError) as exc:
+        except (HttpError, OSError, ValueError, aiohttp.ClientError) as exc:
             failure = _failure(self.url(path), what, exc)
             if failure is None:
                 raise
