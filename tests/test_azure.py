@@ -416,6 +416,21 @@ def test_a_refused_upload_is_the_builtin_naming_the_blob(
     assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
 
 
+def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_blob(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A store that closes the connection on every request (the client's retries spent,
+    a bounded number): an OSError naming the blob and the request, as on S3; it was
+    the SDK's ServiceRequestError, no OSError, naming nothing."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"d" * 1000)
+    proxy.add(drop_connection(match=Match(methods="GET")))
+    with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
+                                      "Serv[A-Za-z]*Error: Server disconnected"):
+        read_verified(url, storage_options=bucket.storage_options)
+
+
 def test_an_error_page_served_as_200_to_a_listing_is_refused(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an error page as 200 to List Blobs: an IntegrityError naming the

@@ -514,6 +514,51 @@ def test_a_stalled_body_is_a_timeout_naming_the_object(
         read_verified(url, storage_options=options)
 
 
+def test_a_ranged_get_answered_with_another_range_is_refused(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A store (or a proxy) answering a ranged GET with another range of the same length:
+    refused by its Content-Range, as on S3. Only the length was checked, so an object
+    without a record (read with require_record=False, or through durable::) was handed
+    out with the wrong bytes."""
+    bucket, proxy = proxied
+    data = os.urandom(2 * CHUNK + 4096)  # over one read-ahead: ranged GETs after the first
+    Raw(bucket).put("plain.bin", data)  # no record
+
+    def shifted(request: RequestInfo) -> bool:
+        start, _, end = (request.headers.get("Range") or "").removeprefix("bytes=").partition(
+            "-")
+        if start.isdigit() and end.isdigit() and int(start) > 0:
+            request.headers.set("Range", f"bytes={int(start) - 4096}-{int(end) - 4096}")
+        return False  # a fault that applies to nothing: the request was changed in passing
+
+    proxy.add(delay(0, match=Match(methods="GET", where=shifted)))
+    with pytest.raises(IntegrityError, match=r"plain\.bin: asked for bytes 8388608-.*, the "
+                                             r"store answers Content-Range bytes 8384512-"):
+        read_verified(bucket.path("plain.bin"), storage_options=bucket.storage_options,
+                      require_record=False)
+    with pytest.raises(IntegrityError, match="the store answers Content-Range"), \
+            durable.open_verified(bucket.path("plain.bin"),
+                                  storage_options=bucket.storage_options,
+                                  require_record=False) as f:
+        f.seek(CHUNK + 10)
+        f.read(1000)
+
+
+def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A store that closes the connection on every request (the client's retries spent,
+    a bounded number): an OSError naming the object and the request, as on S3; it was
+    aiohttp's ServerDisconnectedError, no OSError, naming nothing."""
+    bucket, proxy = proxied
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"d" * 1000)
+    proxy.add(drop_connection(match=Match(methods="GET", query="alt")))
+    with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
+                                      "Serv[A-Za-z]*Error: Server disconnected"):
+        read_verified(url, storage_options=bucket.storage_options)
+
+
 def test_an_error_page_served_as_200_for_the_resource_names_the_object(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an XML error page as 200 to the JSON resource GET: an

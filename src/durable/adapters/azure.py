@@ -53,6 +53,7 @@ from typing import Any, BinaryIO
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
+    AzureError,
     HttpResponseError,
     IncompleteReadError,
     ResourceExistsError,
@@ -123,6 +124,13 @@ def _failure(url: str, what: str, exc: HttpResponseError) -> OSError:
     if status == 404:
         return FileNotFoundError(text)
     return OSError(text)
+
+
+def _unanswered(url: str, what: str, exc: AzureError) -> OSError:
+    """The OSError for a request that got no answer on any of the SDK's retries (a dropped
+    connection: ServiceRequestError / ServiceResponseError, no OSError), naming the blob."""
+    said = " ".join(str(exc.message or exc).split())[:200]
+    return OSError(f"{url}: {what} failed: {type(exc).__name__}: {said}")
 
 
 def _cut_short(exc: BaseException) -> bool:
@@ -356,6 +364,8 @@ class AzureAdapter(Adapter):
             if isinstance(exc, ResourceNotFoundError):
                 raise  # gone: each caller judges what that means
             raise _failure(self.url(path), method, exc) from exc
+        except AzureError as exc:
+            raise _unanswered(self.url(path), method, exc) from exc
 
     # writing --------------------------------------------------------------------------------
     def open_atomic(self, path: str, *, create_only: bool = False,
@@ -401,6 +411,8 @@ class AzureAdapter(Adapter):
             raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
         except HttpResponseError as exc:
             raise _failure(self.url(prefix), "listing", exc) from exc
+        except AzureError as exc:
+            raise _unanswered(self.url(prefix), "listing", exc) from exc
         except AttributeError as exc:
             # The SDK's pager on an answer that is no blob listing (an error page a gateway
             # serves as 200 parses to no segment): "'NoneType' object has no attribute
@@ -445,6 +457,8 @@ class AzureAdapter(Adapter):
                 f"{url}: bytes {start}-{start + length - 1} arrived short on every "
                 f"attempt ({exc.message})", url=url, expected=length,
                 found="a short body") from exc
+        except AzureError as exc:
+            raise _unanswered(url, what, exc) from exc
         except ValueError as exc:
             if "Content-Range" not in str(exc):
                 raise

@@ -123,6 +123,10 @@ def _failure(url: str, what: str, exc: Exception) -> Exception | None:
     if type(exc) is OSError and str(exc).startswith("Forbidden"):
         detail = str(exc).partition("\n")[2]
         return PermissionError(f"{url}: {what} answered HTTP 403: {_said(detail)}")
+    if isinstance(exc, aiohttp.ClientError) and not isinstance(
+            exc, aiohttp.ClientPayloadError | OSError):
+        # A connection the store closed (ServerDisconnectedError) on every retry gcsfs made.
+        return OSError(f"{url}: {what} failed: {type(exc).__name__}: {_said(exc)}")
     if isinstance(exc, TimeoutError):
         # fsspec's FSTimeoutError of gcsfs's requests_timeout: it says nothing at all.
         return TimeoutError(f"{url}: {what} got no whole answer within the filesystem's "
@@ -308,7 +312,7 @@ class GCSAdapter(Adapter):
         FileExistsError, which the callers judge)."""
         try:
             return self.fs.call(*args, **kwargs)
-        except (HttpError, OSError, ValueError) as exc:
+        except (HttpError, OSError, ValueError, aiohttp.ClientError) as exc:
             failure = _failure(self.url(path), what, exc)
             if failure is None:
                 raise
@@ -512,6 +516,17 @@ class GCSAdapter(Adapter):
                 raise IntegrityError(f"{url}: asked for generation {info.version}, served "
                                      f"{served}", url=url, expected=info.version,
                                      found=served)
+            # The bytes asked for, as on S3: a store (or a proxy) answering another range of
+            # the same length would hand out the wrong bytes, caught by nothing where the
+            # object has no record (require_record=False, durable:: on a plain object).
+            # (A body of another length is the reader's error: it says how many bytes.)
+            want = f"bytes {start}-{start + length - 1}/{info.size}"
+            answered = reply.get("Content-Range")
+            if len(body) == length and answered != want and (
+                    answered is not None or start or length != info.size):
+                raise IntegrityError(f"{url}: asked for {want}, the store answers "
+                                     f"Content-Range {answered}", url=url, expected=want,
+                                     found=answered)
             data: bytes = body
             return data
 
