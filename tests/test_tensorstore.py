@@ -1511,3 +1511,13 @@ def test_a_marker_that_is_a_symlink_is_named_once(tmp_path: Any) -> None:
     with pytest.raises(MarkerError, match="is a symlink") as info:
         dts.open(url)
     assert str(info.value).count(entry.adapter.url(marker)) == 1, str(info.value)
+
+
+def test_metadata_nested_too_deeply_is_named_not_a_recursion_error(tmp_path: Any) -> None:
+    """A zarr.json nested deeper than json parses (a few KiB do it), committed by another
+    tool: the open names it as not a metadata document; it raised a bare RecursionError."""
+    url = os.path.join(tmp_path, "deep")
+    with Entry(url).writing() as w:
+        w.write_bytes("zarr.json", b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ValueError, match=r"deep/zarr\.json: not a JSON metadata document"):
+        dts.open(url)

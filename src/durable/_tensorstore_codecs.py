@@ -79,7 +79,7 @@ def array_metadata(data: bytes) -> dict[str, Any] | None:
     """A zarr v3 array's metadata document, or None for anything else."""
     try:
         meta = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get(
             "node_type") != "array" or not isinstance(meta.get("codecs"), list):

@@ -691,7 +691,7 @@ def _attempt_now(place: Place, context: ts.Context) -> str | None:
     try:
         data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
         attempt = None if data is None else json.loads(data)["attempt"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # (nested too deeply)
         return "(an unreadable marker)"
     return attempt if attempt is None or isinstance(attempt, str) else "(a bad marker)"
 
@@ -735,7 +735,7 @@ def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
     assert data is not None
     try:
         doc = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise ValueError(f"{url}: not a JSON metadata document: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{url}: not a JSON metadata document: {type(doc).__name__}")
