@@ -16,7 +16,7 @@ from fsspec.asyn import sync
 
 from durable._errors import IntegrityError
 from durable.adapters._ranged import BrokenBody
-from durable.adapters.base import ObjectInfo
+from durable.adapters.base import ObjectInfo, strong_etag
 
 __all__ = ["BODY_BROKEN", "MULTIPART_ETAG", "S3Body", "check_response", "error_fields", "etag",
            "failure"]
@@ -29,24 +29,9 @@ MULTIPART_ETAG = re.compile(r'"[0-9a-fA-F]+-(\d+)"')
 
 
 def etag(raw: object, url: str) -> str:
-    """The ETag as a quoted strong tag, or IntegrityError if it cannot pin a read.
-
-    An unquoted ETag (some gateways strip the quotes) is quoted again; a weak, empty or
-    missing one is refused here, with the object named, instead of failing later as an
-    opaque error in a conditional request (incident 000's "Malformed StorageGeneration").
-    """
-    text = raw.strip() if isinstance(raw, str) else ""
-    if text.startswith("W/"):
-        raise IntegrityError(f"{url}: the store answered a weak ETag {text!r}; a weak tag "
-                             "does not promise identical bytes, so reads cannot be pinned to "
-                             "it (a proxy transforming the object?)", url=url,
-                             expected="a strong ETag", found=text)
-    core = text.strip('"')
-    if not core:
-        raise IntegrityError(f"{url}: the store answered no usable ETag ({raw!r}); reads "
-                             "cannot be pinned to a version", url=url,
-                             expected="an ETag", found=raw)
-    return f'"{core}"'
+    """The ETag as a quoted strong tag, or IntegrityError if it cannot pin a read
+    (`durable.adapters.base.strong_etag`, shared with the Azure adapter)."""
+    return strong_etag(raw, url)
 
 
 def error_fields(exc: BaseException) -> tuple[int | None, str, str]:

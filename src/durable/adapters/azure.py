@@ -75,6 +75,7 @@ from durable.adapters.base import (
     Upload,
     VerifyLevel,
     VersionMismatchError,
+    strong_etag,
 )
 
 __all__ = ["BLOCK", "SINGLE_PUT", "AzureAdapter"]
@@ -145,25 +146,10 @@ def _cut_short(exc: BaseException) -> bool:
 
 
 def _etag(value: object, url: str) -> str:
-    """The ETag as a quoted strong tag, or IntegrityError naming the blob if it cannot pin
-    a read (as the S3 adapter's): a weak, empty or missing one (a proxy's rewrite) was
-    quoted as it came ('"W/"0x.."', '"None"'), and the pinned read it made was refused
-    by the store as if the blob had been replaced since it was opened.
-
-    Properties and upload replies quote the ETag, listings do not: one form for both, so
-    a version from a listing pins a read as well as one from a stat."""
-    text = value.strip() if isinstance(value, str) else ""
-    if text.startswith("W/"):
-        raise IntegrityError(f"{url}: the store answered a weak ETag {text!r}; a weak tag "
-                             "does not promise identical bytes, so reads cannot be pinned to "
-                             "it (a proxy transforming the blob?)", url=url,
-                             expected="a strong ETag", found=text)
-    core = text.strip('"')
-    if not core:
-        raise IntegrityError(f"{url}: the store answered no usable ETag ({value!r}); reads "
-                             "cannot be pinned to a version", url=url,
-                             expected="an ETag", found=value)
-    return f'"{core}"'
+    """`strong_etag`, as on S3: a weak, empty or missing ETag (a proxy's rewrite) was quoted
+    as it came ('"W/"0x.."', '"None"'), and the pinned read it made was refused by the
+    store as if the blob had been replaced since it was opened."""
+    return strong_etag(value, url)
 
 
 def _timestamp(value: object) -> float | None:

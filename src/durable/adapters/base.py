@@ -20,7 +20,7 @@ from durable._checksum import Checksum, crc32c, crc_to_hex
 from durable._errors import IntegrityError, UnsupportedError
 
 __all__ = ["Adapter", "AtomicFile", "Capabilities", "ObjectInfo", "Upload", "VerifyLevel",
-           "VersionMismatchError"]
+           "VersionMismatchError", "strong_etag"]
 
 VerifyLevel = Literal["none", "size", "probe", "full"]
 
@@ -430,3 +430,26 @@ class Adapter(ABC):
     @abstractmethod
     def delete_prefix(self, prefix: str) -> None:
         """Remove ``prefix`` and everything below it; missing is fine."""
+
+
+def strong_etag(raw: object, url: str) -> str:
+    """An ETag as a quoted strong tag, or IntegrityError naming ``url`` if it cannot pin a
+    read (S3 and Azure: properties and upload replies quote it, listings may not).
+
+    An unquoted ETag (some gateways strip the quotes) is quoted again; a weak, empty or
+    missing one (a proxy's rewrite) is refused here, with the object named, instead of
+    failing later as an opaque error in a conditional request (incident 000's "Malformed
+    StorageGeneration") or as a pinned read refused as if the object had been replaced.
+    """
+    text = raw.strip() if isinstance(raw, str) else ""
+    if text.startswith("W/"):
+        raise IntegrityError(f"{url}: the store answered a weak ETag {text!r}; a weak tag "
+                             "does not promise identical bytes, so reads cannot be pinned to "
+                             "it (a proxy transforming the object?)", url=url,
+                             expected="a strong ETag", found=text)
+    core = text.strip('"')
+    if not core:
+        raise IntegrityError(f"{url}: the store answered no usable ETag ({raw!r}); reads "
+                             "cannot be pinned to a version", url=url,
+                             expected="an ETag", found=raw)
+    return f'"{core}"'
