@@ -43,6 +43,7 @@ from _util import (
 )
 
 import durable.tensorstore as dts
+from durable.adapters.local import _fsync_file as _fsync  # durable's own fsync of a file
 
 SIDE, CHUNK = 2000, 250
 CRC = {"codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
@@ -51,14 +52,6 @@ _POOL = ThreadPoolExecutor(8)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _SFR = _LIBC.sync_file_range
 _SFR.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _writeback(path: str) -> None:

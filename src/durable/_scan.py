@@ -75,13 +75,39 @@ from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters.local import LOCK_SUFFIX, TMP_MARK
 
 __all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Stat", "Survey",
-           "entry_age", "read_records", "scan", "scan_survey", "split_recorded", "stat_objects",
-           "survey"]
+           "entry_age", "mismatch_reason", "read_records", "scan", "scan_survey",
+           "size_mismatches", "split_recorded", "stat_objects", "survey"]
 
 ScanState = Literal["COMPLETE", "INCOMPLETE", "ERROR"]
 AgeClock = Literal["writer", "store"]
 _WORKERS = 16
 _SHOWN = 3
+
+
+def size_mismatches(adapter: Adapter, marker: Marker, listing: dict[str, ObjectInfo],
+                    keys: list[str], paths: list[str]) -> list[str]:
+    """Each object of the manifest (in key order) that ``listing`` shows missing or of
+    another size, as a line naming it: ``keys`` are where the listing holds them, ``paths``
+    where they should be. What `scan` and `durable status` judge a commit by."""
+    assert marker.manifest is not None
+    bad: list[str] = []
+    for (_, rec), key, path in zip(sorted(marker.manifest.objects.items()), keys, paths,
+                                   strict=True):
+        info = listing.get(key)
+        if info is None:
+            bad.append(f"{adapter.url(path)} is missing (the marker recorded {rec.size} "
+                       "bytes)")
+        elif info.size != rec.size:
+            bad.append(f"{adapter.url(info.path)} is {info.size} bytes, the marker "
+                       f"recorded {rec.size}")
+    return bad
+
+
+def mismatch_reason(bad: list[str], total: int) -> str:
+    """The reason of an INCOMPLETE state for the lines of `size_mismatches`."""
+    more = f"; and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
+    return (f"marker present but data gone or changed: {len(bad)} of {total} objects: "
+            + "; ".join(bad[:_SHOWN]) + more)
 LEASE_NAME = "lease.json"
 # Attempt records and leases are a few hundred bytes; anything far larger is not one and
 # is not read into memory.
@@ -592,21 +618,13 @@ def _row(sv: Survey, key: str, f: EntryFound, rec: Records, now: float) -> ScanR
 
     assert marker.manifest is not None
     prefix = f"{key}/" if key else ""
-    bad: list[str] = []
-    for k, rec_ in sorted(marker.manifest.objects.items()):
-        lk = key if marker.kind == "object" else prefix + k
-        info = sv.listing.get(lk)
-        if info is None:
-            bad.append(f"{sv.adapter.url(_join(sv.path, lk))} is missing (the marker "
-                       f"recorded {rec_.size} bytes)")
-        elif info.size != rec_.size:
-            bad.append(f"{sv.adapter.url(info.path)} is {info.size} bytes, the marker "
-                       f"recorded {rec_.size}")
+    listed = [key if marker.kind == "object" else prefix + k
+              for k in sorted(marker.manifest.objects)]
+    bad = size_mismatches(sv.adapter, marker, sv.listing, listed,
+                          [_join(sv.path, lk) for lk in listed])
     total = len(marker.manifest)
     if bad:
-        more = f"; and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
-        reason = (f"marker present but data gone or changed: {len(bad)} of {total} objects: "
-                  + "; ".join(bad[:_SHOWN]) + more)
+        reason = mismatch_reason(bad, total)
         return ScanRow(url, incomplete, reason, f.objects, f.size, marker.attempt,
                        marker.committed_at, **extra)
     reason = f"committed at {marker.committed_at} by attempt {marker.attempt}"

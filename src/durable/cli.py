@@ -149,7 +149,15 @@ from durable._ops import (
     verify_root,
 )
 from durable._protocol import RECORDS_DIR, Layout, State
-from durable._scan import Records, ScanRow, Survey, scan_survey, survey
+from durable._scan import (
+    Records,
+    ScanRow,
+    Survey,
+    mismatch_reason,
+    scan_survey,
+    size_mismatches,
+    survey,
+)
 from durable._version import __version__
 from durable.adapters import Adapter, resolve
 
@@ -453,22 +461,12 @@ def _listed(entry: Entry, st: Status) -> Status:
     if st.state is not State.COMPLETE or marker is None or marker.kind != "prefix":
         return st
     assert marker.manifest is not None
-    listing = entry._listing(marker)
-    bad: list[str] = []
-    for key, rec in sorted(marker.manifest.objects.items()):
-        info = listing.get(key)
-        if info is None:
-            bad.append(f"{entry.adapter.url(entry._object_path(key, marker))} is missing "
-                       f"(the marker recorded {rec.size} bytes)")
-        elif info.size != rec.size:
-            bad.append(f"{entry.adapter.url(info.path)} is {info.size} bytes, the marker "
-                       f"recorded {rec.size}")
+    keys = sorted(marker.manifest.objects)
+    bad = size_mismatches(entry.adapter, marker, entry._listing(marker), keys,
+                          [entry._object_path(k, marker) for k in keys])
     if not bad:
         return st
-    more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
-    return Status(State.INCOMPLETE, f"marker present but data gone or changed: {len(bad)} "
-                                    f"of {len(marker.manifest)} objects: "
-                                    + "; ".join(bad[:3]) + more, marker)
+    return Status(State.INCOMPLETE, mismatch_reason(bad, len(marker.manifest)), marker)
 
 
 def _part_of(entry: Entry, st: Status) -> tuple[Entry, Status] | None:
