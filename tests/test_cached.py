@@ -704,14 +704,36 @@ def test_registered_serializer(local: Store) -> None:
 
 
 def test_lease_lost_mid_computation_never_commits(local: Store, counter: str) -> None:
-    """The lease is removed under a computing writer (Entry.delete by hand): it must not
-    commit over what it no longer owns."""
+    """The lease is removed under a computing writer (Entry.delete(force=True) by hand):
+    it must not commit over what it no longer owns."""
     f = cached_compute(local.root, {}, "raise")
     entry = f.entry(11)
-    _cached_child.ON_COMPUTE = entry.delete
+    _cached_child.ON_COMPUTE = functools.partial(entry.delete, force=True)
     with pytest.raises(LeaseLostError):
         f(11)
     assert entry.read_marker() is None
+
+
+def test_clear_refuses_an_entry_being_computed(local: Store, counter: str) -> None:
+    """clear() while a call computes the entry would leave the computing call writing
+    into a deleted entry: refused, naming the entry and the holder; the call commits."""
+    f = cached_compute(local.root, {}, "raise")
+    entry = f.entry(12)
+    refused: list[str] = []
+
+    def clear_meanwhile() -> None:
+        with pytest.raises(IncompleteExistsError) as info:
+            f.clear(12)
+        refused.append(str(info.value))
+
+    _cached_child.ON_COMPUTE = clear_meanwhile
+    assert f(12).tolist() == [12, os.getpid()]
+    assert len(refused) == 1 and entry.url in refused[0]
+    assert f"pid {os.getpid()}" in refused[0] and ".entry(...).delete(force=True)" in refused[0]
+    assert entry.state() is State.COMPLETE
+    _cached_child.ON_COMPUTE = None
+    f.clear(12)  # no writer at work: removed
+    assert entry.state() is State.ABSENT
 
 
 

@@ -471,6 +471,29 @@ def test_a_writer_without_the_lease_never_starts_over_a_live_holders_entry(
     assert fs.cat_file(f"{entry.path}/a") == b"holder-a"
 
 
+def test_delete_refuses_a_live_holders_entry_unless_forced(place: Place) -> None:
+    """Deleted under a live lease, the holder would go on writing into a deleted entry
+    (or the next writer's): refused, naming the entry and the holder, unless forced; then
+    the holder loses its lease and never commits."""
+    entry = place.entry()
+    with place.lease() as holder, entry.writing(lease=holder) as w:
+        w.write_bytes("a", b"holder-a")
+        with pytest.raises(IncompleteExistsError) as refused:
+            place.entry().delete()
+        message = str(refused.value)
+        assert entry.url in message and holder.url in message
+        assert f"pid {os.getpid()}" in message and "force=True" in message
+        assert holder.held and raw_exists(place, f"{entry.path}/a")
+        w.write_bytes("b", b"holder-b")
+    assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok
+
+    with place.lease() as holder, pytest.raises(LeaseLostError), \
+            entry.writing(lease=holder, overwrite=True) as w:
+        w.write_bytes("a", b"second")
+        place.entry().delete(force=True)
+    assert entry.state() is State.ABSENT
+
+
 def test_zarr_and_xarray_overwrites_never_start_over_a_live_holders_entry(local: Place) -> None:
     """The writers built on `Entry.writing` refuse the same way, naming the holder."""
     import numpy as np

@@ -50,7 +50,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from durable._entry import Entry
 from durable._errors import AlreadyCompleteError, IncompleteExistsError
-from durable._lease import Lease, LeaseView, LeaseWatch, describe
+from durable._lease import Lease, LeaseView, LeaseWatch, describe, refuse_live_lease
 from durable._protocol import Manifest, Marker, State
 from durable._serializers import BytesSerializer, choose, load_value
 from durable.adapters import resolve
@@ -179,9 +179,17 @@ class CachedFunction(Generic[P, R]):
         return self.entry(*args, **kwargs).state()
 
     def clear(self, *args: P.args, **kwargs: P.kwargs) -> None:
-        """Remove the entry for these arguments. A writer at work on it loses its lease
-        (its record is removed with the rest) and so never commits."""
-        self.entry(*args, **kwargs).delete()
+        """Remove the entry for these arguments. One whose lease a writer holds live (a
+        call computing it now) is refused: IncompleteExistsError naming the holder.
+        ``f.entry(...).delete(force=True)`` removes it anyway (see `Entry.delete`)."""
+        entry = self.entry(*args, **kwargs)
+        # Refused here, not by delete(): its advice would name a force= that clear (whose
+        # keywords are the function's) does not have.
+        refuse_live_lease(entry, "clearing", hint=(
+            f"Wait for that writer to commit or for its lease to expire, or remove it anyway "
+            f"with {self._name}.entry(...).delete(force=True) (its writer then never "
+            "commits)"))
+        entry.delete(force=True)
 
     def recompute(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Compute again and replace the stored result (IncompleteExistsError if another

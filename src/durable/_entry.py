@@ -472,10 +472,27 @@ class Entry:
         self.adapter.sync([i.path for i in listing.values()], _dirs_of(self, listing))
         return self._write_marker(Marker.new(kind, new_attempt_id(), Manifest(records)))
 
-    def delete(self) -> None:
+    def delete(self, *, force: bool = False) -> None:
         """Remove the entry: marker first, so a half-deleted entry is never COMPLETE; then
         the documents readers open first (`OPENED_FIRST`), so a plain reader never opens
-        a half-deleted tree; then the rest."""
+        a half-deleted tree; then the rest.
+
+        An entry whose lease another writer holds live is refused (IncompleteExistsError
+        naming the entry, the holder and when its lease expires): removed under it, its
+        writes under way would land in a deleted entry, or in the next writer's. An
+        expired lease is removed with the rest (`durable._lease.refuse_live_lease`).
+        ``force=True`` removes it anyway, the live lease too: its holder finds the lease
+        lost at its next renewal or commit and never commits, but objects it writes
+        before that remain, leaving the entry INCOMPLETE.
+        """
+        if not force:
+            from durable._lease import refuse_live_lease  # (_lease imports this module)
+
+            # A writer that takes the lease after this look loses it below (its lease is
+            # removed with the records) and never commits: the window is one look wide.
+            refuse_live_lease(self, "deleting", hint=(
+                "Wait for that writer to commit or for its lease to expire, or pass "
+                "force=True to remove it anyway (its writer then never commits)"))
         self.adapter.delete([self.layout.marker])
         if self.adapter.info(self.path) is not None:
             self.adapter.delete([self.path])

@@ -85,7 +85,8 @@ def describe(holder: Mapping[str, Any] | None) -> str:
             f"{holder.get('acquired_at', '?')}")
 
 
-def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True) -> str | None:
+def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
+                      hint: str | None = None) -> str | None:
     """For a writer WITHOUT the lease about to start over, resume or update ``entry``
     (``doing``: which, for the message): IncompleteExistsError naming the entry, the holder
     and when the lease expires if another writer's lease is live. Starting over would
@@ -101,7 +102,8 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True) -> str |
     (no modification time) counts as live.
 
     Returns None if there was no lease, else what the expired lease was (removed only
-    with ``remove``: a writer refused for other reasons only names it).
+    with ``remove``: a writer refused for other reasons only names it). ``hint``: what
+    the refused caller can do, instead of the writer's.
     """
     adapter, path = entry.adapter, entry.layout.lease
     info = adapter.info(path)
@@ -116,9 +118,9 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True) -> str |
     def held(when: str) -> IncompleteExistsError:
         return IncompleteExistsError(
             f"{entry.url}: not {doing}: another writer holds its lease {lease_url} "
-            f"({describe(holder)}); {when}. Wait for that writer to commit or for its lease "
-            "to expire, or write under the lease (durable.Lease) once it is free",
-            url=entry.url)
+            f"({describe(holder)}); {when}. " + (hint or (
+                "Wait for that writer to commit or for its lease to expire, or write under "
+                "the lease (durable.Lease) once it is free")), url=entry.url)
 
     if info.modified is None:
         raise held("its age cannot be told (the store gives no modification time)")
