@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import multiprocessing
 import os
 import signal
@@ -27,6 +28,7 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 import _cached_child
+import durable._lease
 from _cached_child import Child
 from durable import (
     Entry,
@@ -690,3 +692,61 @@ def test_a_symlink_at_the_lock_files_path_is_never_followed(local: Place) -> Non
         with contextlib.suppress(Exception):
             lease.release()
     assert not os.path.lexists(outside)
+
+
+# what a lease's body states ---------------------------------------------------------------
+# id: (the body's stale_after as JSON text, whether it is capped rather than ignored)
+_STATED = {"huge": ("1e12", True), "integer-too-large-for-a-float": ("1" + "0" * 400, True),
+           "infinity": ("Infinity", True), "nan": ("NaN", False), "negative": ("-5", False),
+           "string": ('"30"', False), "null": ("null", False)}
+
+
+def _plant_lease(entry: Entry, stale_after: str, age: float = 0.0) -> None:
+    """A dead holder's lease whose body states ``stale_after`` (JSON text), last written
+    ``age`` seconds ago."""
+    os.makedirs(os.path.dirname(entry.layout.lease), exist_ok=True)
+    with open(entry.layout.lease, "w") as f:
+        f.write('{"format": "durable.lease", "holder": "h", "host": "elsewhere", "pid": 1, '
+                f'"acquired_at": "then", "renewal": 1, "stale_after": {stale_after}}}')
+    when = time.time() - age
+    os.utime(entry.layout.lease, (when, when))
+
+
+@pytest.mark.parametrize(("stated", "capped"), list(_STATED.values()), ids=list(_STATED))
+def test_a_hostile_stale_after_never_holds_waiters_forever_nor_crashes_them(
+        local: Place, stated: str, capped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body stating 1e12 kept a "wait" waiter (no timeout) waiting forever, one too large
+    for a float crashed it (OverflowError), and a writer starting over crashed on the
+    expiry date (ValueError: year out of range). More than MAX_STALE_AFTER counts as that;
+    garbage counts as nothing (the waiter's own limit)."""
+    entry = local.entry()
+    _plant_lease(entry, stated)
+    with pytest.raises(IncompleteExistsError, match="expires at"), \
+            entry.writing(overwrite=True):
+        pass  # pragma: no cover
+    # Older than the cap by the store's clock: expired, whatever the body states.
+    _plant_lease(entry, stated, age=durable._lease.MAX_STALE_AFTER + 60)
+    with entry.writing(overwrite=True) as w:
+        w.write_bytes("a", b"taken")
+    assert entry.state() is State.COMPLETE
+
+    # A waiter judges by its own clock: the cap made short so that the test waits little.
+    monkeypatch.setattr(durable._lease, "MAX_STALE_AFTER", 2 * STALE)
+    f = durable.cached(str(Path(local.url).parent / "cache"), on_incomplete="wait",
+                       stale_after=STALE, timeout=30)(_identity)
+    _plant_lease(f.entry(1), stated)
+    with pytest.raises(IncompleteExistsError, match="abandoned") as waited:
+        f(1)
+    assert f"stale after {2 * STALE if capped else STALE:g} s" in str(waited.value)
+
+
+def _identity(x: int) -> int:
+    return x
+
+
+def test_a_lease_must_not_outlast_what_waiters_wait(local: Place) -> None:
+    for bad in (math.inf, durable._lease.MAX_STALE_AFTER * 2):
+        with pytest.raises(ValueError, match="at most"):
+            local.lease(stale_after=bad)
+        with pytest.raises(ValueError, match="at most"):
+            durable.cached(local.url, stale_after=bad)(_identity)

@@ -50,7 +50,14 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from durable._entry import Entry
 from durable._errors import AlreadyCompleteError, IncompleteExistsError
-from durable._lease import Lease, LeaseView, LeaseWatch, describe, refuse_live_lease
+from durable._lease import (
+    Lease,
+    LeaseView,
+    LeaseWatch,
+    check_stale_after,
+    describe,
+    refuse_live_lease,
+)
 from durable._protocol import Manifest, Marker, State
 from durable._serializers import BytesSerializer, choose, load_value
 from durable.adapters import resolve
@@ -126,6 +133,7 @@ class CachedFunction(Generic[P, R]):
         self._serializer = serializer
         self._pickle = pickle
         self._storage_options = dict(storage_options or {})
+        check_stale_after(stale_after, stale_after / 5)  # refused now, not at the first call
         self._stale_after = stale_after
         self._adapter, root_path = resolve(root, storage_options)
         self._version = _safe(str(version))

@@ -9,7 +9,8 @@ naming its holder. Its life, like marin's executor lease (STYLE.md):
   a counter, so every rewrite is a new version (an ETag is a hash of the bytes).
 - **stale**: a waiter (`LeaseWatch`) calls a lease stale when its version has not changed
   for ``stale_after`` seconds *as the waiter saw it*, by the waiter's own monotonic clock.
-  No clocks of two machines are ever compared.
+  No clocks of two machines are ever compared. The holder's ``stale_after``, written in the
+  body, counts where it is longer than the waiter's, up to `MAX_STALE_AFTER` (an hour).
 - **takeover**: a conditional write on the stale version, so of two waiters taking over
   the same dead writer's lease, exactly one wins.
 - **lost is fatal**: a holder whose conditional write fails (someone took over, or the
@@ -42,7 +43,6 @@ import contextlib
 import datetime
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -59,7 +59,7 @@ from durable._protocol import utc_now
 from durable.adapters import ObjectInfo
 from durable.adapters.base import VersionMismatchError
 
-__all__ = ["Lease", "LeaseView", "LeaseWatch", "refuse_live_lease"]
+__all__ = ["MAX_STALE_AFTER", "Lease", "LeaseView", "LeaseWatch", "refuse_live_lease"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,10 @@ _MAX_BODY = 64 * 1024
 _ACQUIRE_TRIES = 3
 # `Lease`'s default stale_after: a lease whose body cannot be read is judged by it.
 _DEFAULT_STALE_AFTER = 30.0
+#: The longest ``stale_after`` a lease may have: a `Lease` refuses more, and waiters take a
+#: body that states more (a hostile or mistaken one: 1e12, Infinity) as this, so a dead
+#: holder's lease never keeps waiters out for longer.
+MAX_STALE_AFTER = 3600.0
 # Modification times and HTTP dates are given to the second: a lease renewed a moment ago
 # can look up to this much older than it is.
 _CLOCK_STEP = 1.0
@@ -83,6 +87,32 @@ def describe(holder: Mapping[str, Any] | None) -> str:
         return "holder unreadable"
     return (f"held by {holder.get('host', '?')} pid {holder.get('pid', '?')} since "
             f"{holder.get('acquired_at', '?')}")
+
+
+def check_stale_after(stale_after: float, heartbeat: float) -> None:
+    """ValueError unless ``stale_after`` fits a lease renewed every ``heartbeat``."""
+    if not stale_after <= MAX_STALE_AFTER:
+        raise ValueError(f"stale_after ({stale_after}) must be at most {MAX_STALE_AFTER:g} s: "
+                         "waiters judge a lease by no longer limit than that")
+    if not heartbeat > 0 or not stale_after > 2 * heartbeat:
+        raise ValueError(f"stale_after ({stale_after}) must be more than twice the "
+                         f"heartbeat ({heartbeat}), which must be positive: else a "
+                         "live holder looks stale between two renewals")
+
+
+def stated_stale_after(holder: Mapping[str, Any] | None) -> float | None:
+    """The ``stale_after`` a lease's body states, as waiters take it: None unless it is a
+    positive number (a string, NaN, a negative: the waiter's own limit applies instead),
+    and at most `MAX_STALE_AFTER` (more, Infinity or an integer too large for a float, is
+    taken as that): a body never makes a waiter wait forever, nor crash."""
+    value = holder.get("stale_after") if holder else None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return MAX_STALE_AFTER
+    return min(value, MAX_STALE_AFTER) if value > 0 else None
 
 
 def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
@@ -110,9 +140,7 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
     if info is None:
         return None
     holder = LeaseWatch(entry, adapter=adapter, path=path)._read(info)
-    theirs = holder.get("stale_after") if holder else None
-    limit = (float(theirs) if isinstance(theirs, int | float) and not isinstance(theirs, bool)
-             and math.isfinite(theirs) and theirs > 0 else _DEFAULT_STALE_AFTER)
+    limit = stated_stale_after(holder) or _DEFAULT_STALE_AFTER
     lease_url = adapter.url(path)
 
     def held(when: str) -> IncompleteExistsError:
@@ -171,10 +199,7 @@ class Lease:
     def __init__(self, url: str | Entry, *, storage_options: dict[str, Any] | None = None,
                  heartbeat: float = 5.0, stale_after: float = 30.0,
                  best_effort: bool = False) -> None:
-        if not heartbeat > 0 or not stale_after > 2 * heartbeat:
-            raise ValueError(f"stale_after ({stale_after}) must be more than twice the "
-                             f"heartbeat ({heartbeat}), which must be positive: else a "
-                             "live holder looks stale between two renewals")
+        check_stale_after(stale_after, heartbeat)
         entry = _entry_of(url, storage_options)
         self.entry_url = entry.url
         self.adapter = entry.adapter
@@ -440,7 +465,8 @@ class LeaseWatch:
 
     The staleness limit is the larger of the waiter's ``stale_after`` and the one the
     holder wrote into the lease, so a waiter never judges a holder by a shorter limit than
-    the holder renews for.
+    the holder renews for; a body stating more than `MAX_STALE_AFTER` counts as that, and
+    one stating no positive number (garbage) counts as stating nothing.
     """
 
     def __init__(self, url: str | Entry, *, storage_options: dict[str, Any] | None = None,
@@ -491,9 +517,7 @@ class LeaseWatch:
         if age >= self.stale_after and not self._body_read:
             holder, self._body_read = self._read(info), True
             self._seen = (version, since, holder)
-        limit = self.stale_after
-        theirs = holder.get("stale_after") if holder else None
-        if isinstance(theirs, int | float) and not isinstance(theirs, bool) and \
-                math.isfinite(theirs) and theirs > limit:
-            limit = float(theirs)
+        # The holder's own limit, if longer (at most MAX_STALE_AFTER): a body that states
+        # more, or garbage, never makes this waiter wait forever.
+        limit = max(self.stale_after, stated_stale_after(holder) or 0.0)
         return LeaseView(version, holder, age, limit, age >= limit)

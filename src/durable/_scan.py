@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 from durable._entry import Entry
 from durable._errors import DurableError
+from durable._lease import stated_stale_after
 from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker, carries_record
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters.local import LOCK_SUFFIX, TMP_MARK
@@ -310,10 +311,7 @@ class LeaseSeen:
 
     @property
     def stale_after(self) -> float | None:
-        value = (self.body or {}).get("stale_after")
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            return float(value)
-        return None
+        return stated_stale_after(self.body)  # garbage never breaks nor stalls a clean
 
     def to_json(self, now: float) -> dict[str, Any]:
         body = self.body or {}
