@@ -639,6 +639,31 @@ def test_no_conditional_writes_no_lease_unless_best_effort(tmp_path: Path) -> No
     assert entry.state() is State.COMPLETE
 
 
+def test_a_lease_with_no_modification_time_is_judged_by_the_watchers_clock(
+        tmp_path: Path) -> None:
+    """The generic adapter gives no modification time: a dead holder's lease counted as
+    live forever, and no writer could ever start over. It is watched from the first look:
+    unchanged for its stale_after, expired; renewed meanwhile, live."""
+    fs = DirFileSystem(path=str(tmp_path), fs=fsspec.filesystem("file"))
+    options = dict(fs.storage_options)
+    entry = Entry("dir://sub/ent", storage_options=options)
+    _plant_lease(Entry(os.path.join(tmp_path, "sub", "ent")), str(STALE))  # a killed holder's
+    assert entry.adapter.info(entry.layout.lease).modified is None  # type: ignore[union-attr]
+    with pytest.raises(IncompleteExistsError, match="no modification time"), \
+            entry.writing():
+        pass  # pragma: no cover (a fresh writer is refused at once, naming the lease)
+    with entry.writing(overwrite=True) as w:
+        w.write_bytes("x", b"after the dead holder")
+    assert entry.state() is State.COMPLETE
+
+    with Lease("dir://sub/ent", storage_options=options, heartbeat=BEAT, stale_after=STALE,
+               best_effort=True) as live:
+        with pytest.raises(IncompleteExistsError, match=r"renewed .* after this writer first"):
+            entry.delete()
+        assert live.held
+    assert entry.state() is State.COMPLETE
+
+
 def test_stale_after_must_leave_room_for_renewals(local: Place) -> None:
     with pytest.raises(ValueError, match="twice the heartbeat"):
         Lease(local.url, heartbeat=1.0, stale_after=1.5)

@@ -51,7 +51,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from durable._entry import Entry
 from durable._errors import DurableError, IncompleteExistsError, LeaseLostError, UnsupportedError
@@ -128,8 +128,11 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
     the Date of the store's answer against the lease's modification time; on a local disk
     this machine's clock against the file's mtime) is expired: it is removed, on the
     version judged (one renewed meanwhile is live after all), so its holder, if only
-    paused, finds it lost at its next renewal or write. A lease whose age cannot be told
-    (no modification time) counts as live.
+    paused, finds it lost at its next renewal or write. A lease whose store gives no
+    modification time is watched instead, by this machine's clock from the first look: its
+    version unchanged for the holder's ``stale_after`` (this call waits that long, at most
+    `MAX_STALE_AFTER`), it is expired; changed, it is live. With ``remove=False`` it is
+    not watched, and counts as live.
 
     Returns None if there was no lease, else what the expired lease was (removed only
     with ``remove``: a writer refused for other reasons only names it). ``hint``: what
@@ -151,16 +154,35 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
                 "the lease (durable.Lease) once it is free")), url=entry.url)
 
     if info.modified is None:
-        raise held("its age cannot be told (the store gives no modification time)")
-    store_now = adapter.now(path)
-    clock = "this machine's" if store_now is None else "the store's"
-    age = max(0.0, (time.time() if store_now is None else store_now) - info.modified)
-    if age <= limit + _CLOCK_STEP:
-        expires = datetime.datetime.fromtimestamp(info.modified + limit + _CLOCK_STEP,
-                                                  datetime.UTC)
-        raise held(f"renewed {age:.1f} s ago by {clock} clock, it expires at "
-                   f"{expires:%Y-%m-%dT%H:%M:%SZ} ({limit + _CLOCK_STEP - age:.0f} s from "
-                   "now) unless renewed")
+        # No modification time to age it by (the generic adapter): judged as a waiter
+        # judges, by this machine's clock from this first look. Counted live for good, a
+        # dead holder's lease kept every writer out forever.
+        if info.version is None:
+            raise held("the store gives neither its modification time nor its version, "
+                       "so its age cannot be told")
+        if not remove:
+            raise held("the store gives no modification time: a writer starting over or "
+                       f"resuming watches it for up to {limit:g} s to tell")
+        t0 = time.monotonic()
+        log.warning("%s: the lease %s (%s) has no modification time: watching it for up to "
+                    "%g s to tell whether its writer is alive", entry.url, lease_url,
+                    describe(holder), limit)
+        seen, age = _watch_unchanged(adapter, path, info.version, t0, limit)
+        if seen == "gone":
+            return None  # released meanwhile
+        if seen == "renewed":
+            raise held(f"renewed {age:.1f} s after this writer first saw it")
+        clock = "this machine's (watched from its first look)"
+    else:
+        store_now = adapter.now(path)
+        clock = "this machine's" if store_now is None else "the store's"
+        age = max(0.0, (time.time() if store_now is None else store_now) - info.modified)
+        if age <= limit + _CLOCK_STEP:
+            expires = datetime.datetime.fromtimestamp(info.modified + limit + _CLOCK_STEP,
+                                                      datetime.UTC)
+            raise held(f"renewed {age:.1f} s ago by {clock} clock, it expires at "
+                       f"{expires:%Y-%m-%dT%H:%M:%SZ} ({limit + _CLOCK_STEP - age:.0f} s "
+                       "from now) unless renewed")
     expired = (f"its lease {lease_url} ({describe(holder)}) expired: not renewed for "
                f"{age:.1f} s by {clock} clock (stale_after {limit:g} s)")
     if not remove:
@@ -183,6 +205,25 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
         # Released meanwhile: nothing left to remove.
     log.warning("%s: removed %s", entry.url, expired)
     return expired
+
+
+def _watch_unchanged(adapter: Any, path: str, version: str, since: float,
+                     limit: float) -> tuple[Literal["gone", "renewed", "unchanged"], float]:
+    """Poll the lease at ``path`` until it is gone, has another version than ``version``
+    (renewed), or has kept it for ``limit`` seconds since ``since`` (monotonic); with the
+    seconds watched."""
+    pause = 0.05
+    while True:
+        info = adapter.info(path)
+        watched = time.monotonic() - since
+        if info is None:
+            return "gone", watched
+        if info.version != version:
+            return "renewed", watched
+        if watched >= limit:
+            return "unchanged", watched
+        time.sleep(min(pause, limit - watched))
+        pause = min(pause * 2, 1.0)
 
 
 class Lease:
