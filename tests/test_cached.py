@@ -306,6 +306,30 @@ def test_paused_writer_cannot_commit_after_takeover(shared: Store, counter: str)
     assert entry.verify(deep=True).ok
 
 
+@pytest.mark.parametrize("where", ["compute", "write"])
+def test_a_paused_writer_whose_entry_another_committed_returns_that_result(
+        shared: Store, counter: str, where: str) -> None:
+    """Two callers race for one entry: the first is paused (SIGSTOP) while it computes or
+    writes, the second takes its lease over and commits first. The first, resumed, has
+    lost its lease and must not commit; the entry is COMPLETE, so it returns the winner's
+    result, as the docs promise ("another process commits first: its result is
+    returned"), where it raised LeaseLostError."""
+    kid = child("hold", shared, counter, "13", where)
+    kid.expect("computing" if where == "compute" else "writing")
+    entry = cached_compute(shared.root, shared.options, "raise").entry(13)
+    _stop_outside_lock(kid, shared, entry)
+    try:
+        got = cached_compute(shared.root, shared.options, "takeover")(13)
+        assert got.tolist() == [13, os.getpid()]
+    finally:
+        kid.signal(signal.SIGCONT)
+    assert kid.finish() == json.dumps([13, os.getpid()])
+    marker = entry.read_marker()
+    assert marker is not None and marker.writer["pid"] == os.getpid()
+    assert computations(counter) == [(13, kid.pid), (13, os.getpid())]
+    assert entry.verify(deep=True).ok
+
+
 def test_a_writer_without_the_lease_cannot_get_in_while_we_compute(local: Store,
                                                                   counter: str) -> None:
     """A writer without a lease that wants in while we compute (resume, update, overwrite)

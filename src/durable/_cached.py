@@ -20,7 +20,8 @@ inspection). How each state of the entry is met:
   ``timeout``); an abandoned entry (no lease, or a stale one) raises.
   ``"takeover"``: as ``"wait"``, but an abandoned entry is recomputed under a lease taken
   over conditionally: never a live writer's.
-- Another process commits first while this one computes: its result is returned.
+- Another process commits first while this one computes: its result is returned, also
+  when it took this one's lease over (this one paused past ``stale_after``).
 
 On S3 a hit is two GETs (the marker with its manifest; the value, verified against it);
 tests/test_cached.py pins what a hit and a miss send, request by request.
@@ -49,7 +50,7 @@ from pathlib import PurePath
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from durable._entry import Entry
-from durable._errors import AlreadyCompleteError, IncompleteExistsError
+from durable._errors import AlreadyCompleteError, IncompleteExistsError, LeaseLostError
 from durable._lease import (
     Lease,
     LeaseView,
@@ -223,9 +224,8 @@ class CachedFunction(Generic[P, R]):
                     return self._load(entry, marker.manifest)
             lease = self._lease(entry)
             if lease.try_acquire():
-                with lease:
-                    return self._compute(entry, self._key_json(doc, digest), lease, args,
-                                         kwargs, force)
+                return self._compute_leased(entry, self._key_json(doc, digest), lease, args,
+                                            kwargs, force, force)
             if force:
                 raise IncompleteExistsError(
                     f"{entry.url}: not recomputed: another writer holds its lease "
@@ -240,9 +240,25 @@ class CachedFunction(Generic[P, R]):
                 taker.take_over(view)
             except IncompleteExistsError:
                 continue  # renewed, or another waiter took it: look again
-            with taker:
-                return self._compute(entry, self._key_json(doc, digest), taker, args, kwargs,
-                                     True)
+            return self._compute_leased(entry, self._key_json(doc, digest), taker, args,
+                                        kwargs, True, force)
+
+    def _compute_leased(self, entry: Entry, key_json: bytes, lease: Lease,
+                        args: tuple[Any, ...], kwargs: dict[str, Any], overwrite: bool,
+                        force: bool) -> R:
+        """`_compute` under ``lease``, released after. A writer that lost its lease
+        (paused past ``stale_after``, taken over) never commits, but the writer that took
+        it may have: then its result is this call's, as any later call's (it was
+        LeaseLostError over a COMPLETE entry). Never for ``recompute`` (``force``): the
+        entry may still hold the result it was to replace."""
+        try:
+            with lease:
+                return self._compute(entry, key_json, lease, args, kwargs, overwrite)
+        except LeaseLostError:
+            marker = None if force else entry.read_marker()
+            if marker is None:
+                raise
+            return self._load(entry, marker.manifest)
 
     def _wait(self, entry: Entry, watch: LeaseWatch,
               deadline: float | None) -> LeaseView | Marker | None:
