@@ -167,6 +167,37 @@ def test_conditional_write_has_one_winner(local: Place, how: str) -> None:
     one_winner_per_round(outcomes)
 
 
+def test_a_conditional_delete_on_a_local_disk_never_removes_what_took_the_objects_place(
+        local: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain deletes and writes take no lock: another writer removing the checked object
+    and publishing its own (an atomic_write's marker, a new holder's lease) between the
+    version check and the unlink had its object unlinked instead: a commit lost. The other
+    writer is run at exactly that instant (after the real check), on the real disk."""
+    import durable.adapters.local as local_adapter
+
+    adapter, path = resolve(f"{local.url}/records/commit.json")
+    checked = adapter.put(path, b"mine", durable=False)
+    real_check = local_adapter._current_version
+    other: list[Any] = []
+
+    def check_then_another_writer(p: str) -> str | None:
+        found = real_check(p)
+        if p == path and not other:
+            adapter.delete([path])
+            other.append(adapter.put(path, b"theirs", create_only=True, durable=False))
+        return found
+
+    monkeypatch.setattr(local_adapter, "_current_version", check_then_another_writer)
+    with pytest.raises(VersionMismatchError):
+        adapter.delete_if(path, checked.version)
+    monkeypatch.undo()
+    assert adapter.read(path) == b"theirs"
+    assert adapter.info(path).version == other[0].version  # type: ignore[union-attr]
+    assert sorted(os.listdir(os.path.dirname(path))) == ["commit.json"]  # nothing aside
+    adapter.delete_if(path, other[0].version)  # the version it is at: removed
+    assert adapter.info(path) is None
+
+
 def race_threads(adapter: Any, path: str, n: int, rounds: int = ROUNDS) -> dict[int, list[str]]:
     barrier = threading.Barrier(n)
     outcomes: dict[int, list[str]] = {i: [] for i in range(n)}

@@ -8,7 +8,9 @@ take a lock: a thread lock for the threads of this process, then a POSIX record 
 (``lockf``) on a sidecar file, ``DIR.durable-lock`` beside the object's directory ``DIR``
 (outside it, so that an emptied directory can still be removed). Under the lock the object
 is opened and fstat-ed (on NFS, an open revalidates the attributes: close-to-open
-consistency), its version compared, and the new bytes renamed into place. The lock dies
+consistency), its version compared, and the new bytes renamed into place; a conditional
+delete renames the object aside and compares the version of what it took (plain deletes
+and writes take no lock: one landing after the check is never removed). The lock dies
 with its process (a SIGKILLed holder frees it), and the sidecar is never removed (removing
 a lock file races with processes waiting on the old inode).
 
@@ -481,16 +483,32 @@ class LocalAdapter(Adapter):
     def delete_if(self, path: str, version: str) -> None:
         with _cas_lock(path):
             self._check_version(path, version)
+            # Plain deletes and writes take no lock: one that removed the object checked and
+            # put another in its place since the check (another atomic_write's marker, a new
+            # holder's lease) would be unlinked in its stead, a commit lost. So what is
+            # there is renamed aside (atomic) and judged again, by its own inode.
+            directory, name = os.path.split(path)
+            aside = os.path.join(directory, f".{name}{TMP_MARK}del-{uuid.uuid4().hex[:12]}")
             try:
-                os.unlink(path)
+                os.rename(path, aside)
             except FileNotFoundError:
-                # Removed by a plain delete (which takes no lock) since the check: no
-                # longer at that version, as GCS and Azure answer (a marker withdrawn by
+                found = None  # removed by a plain delete since the check
+            else:
+                found = _current_version(aside)
+                if found != version:
+                    # Not the one checked: put back, create-only; if yet another object
+                    # took the name meanwhile, that one is newer than what was taken.
+                    with contextlib.suppress(FileExistsError):
+                        os.link(aside, path)
+                os.unlink(aside)
+            if found != version:
+                # No longer at that version, as GCS and Azure answer (a marker withdrawn by
                 # one atomic_write as another removes it raised FileNotFoundError).
                 url = self.url(path)
-                raise VersionMismatchError(f"{url}: expected version {version}, found no "
-                                           "object", url=url, expected=version,
-                                           found=None) from None
+                raise VersionMismatchError(
+                    f"{url}: expected version {version}, found "
+                    f"{found if found is not None else 'no object'}", url=url,
+                    expected=version, found=found)
 
     def prune(self, prefix: str) -> None:
         root = prefix.rstrip("/")
