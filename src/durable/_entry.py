@@ -523,7 +523,10 @@ class Entry:
           killed append, taken as a resume, would append after what it had added).
         - ``unrecorded``: objects that appear in the entry without passing through the
           writer (written with another tool into ``writer.path``) are read and
-          checksummed at commit ("adopt"), or refused ("error").
+          checksummed at commit ("adopt"), or refused ("error"). Such an object may also
+          be a late write of a writer without a lease that was at work when this one
+          started over (a lease keeps out only writers that look for it): "error" refuses
+          it too.
 
         On an exception (KeyboardInterrupt included) the marker is not written; a fresh
         entry's objects are removed, a resumed one is left INCOMPLETE.
