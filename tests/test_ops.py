@@ -659,6 +659,25 @@ def test_a_lease_that_cannot_be_judged_is_taken_for_alive(small: LocalStore,
             "unreadable": "cannot be read"}[case] in why
 
 
+@pytest.mark.parametrize("stated", ["1" + "0" * 400, "1e12", "Infinity"])
+def test_a_lease_stating_a_hostile_stale_after_neither_crashes_nor_stalls_clean(
+        small: LocalStore, stated: str) -> None:
+    """A lease body stating an integer too large for a float crashed the plan
+    (OverflowError); 1e12 or Infinity asked for --lease-wait of that much. Taken as the
+    longest stale_after a lease may have (an hour): kept, with the wait that decides."""
+    from durable._ops import plan_clean
+
+    body = json.loads(lease_body(0))
+    body["stale_after"] = "STATED"
+    small.write(".durable/stale.zarr/lease.json",
+                json.dumps(body).replace('"STATED"', stated).encode())
+    report = plan_clean(survey_of(small), older_than=3600, lease_wait=10,
+                        sleep=Heartbeat(small))
+    assert {i.url.rpartition("/")[2] for i in report.items} == {"dead.zarr"}
+    why = {k.url.rpartition("/")[2]: k.reason for k in report.kept}["stale.zarr"]
+    assert "pass --lease-wait 3600 to decide" in why, why
+
+
 @pytest.mark.parametrize("race", ["committed", "resumed", "marker a symlink",
                                   "marker a directory"])
 def test_apply_clean_checks_again_before_removing(small: LocalStore, race: str) -> None:
