@@ -574,13 +574,46 @@ def test_an_update_refuses_an_entry_a_failed_append_left(target: Target) -> None
     entry = dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
     with pytest.raises(RuntimeError, match="failed"), dz.writing(
             url, storage_options=target.options, update=True) as store:
-        zarr.open_array(store, mode="r+").resize((data.shape[0] * 2, data.shape[1]))
-        raise RuntimeError("the append failed before its chunks were written")
+        array = zarr.open_array(store, mode="r+")
+        array.resize((data.shape[0] * 2, data.shape[1]))
+        array[data.shape[0]:data.shape[0] + CHUNKS[0], :CHUNKS[1]] = 1  # one chunk of it
+        raise RuntimeError("the append failed part-way")
     assert entry.state() is State.INCOMPLETE
     with pytest.raises(IncompleteExistsError, match="update=True changes a COMPLETE entry"
                        ), dz.writing(url, storage_options=target.options, update=True) as store:
         zarr.open_array(store, mode="r+").append(data)
     assert entry.state() is State.INCOMPLETE
+
+
+def test_an_update_given_up_before_it_wrote_a_chunk_leaves_the_last_commit(
+        target: Target) -> None:
+    """An update that failed before writing any chunk (zarr refusing an append of another
+    width, the caller's own error after a resize) left the entry INCOMPLETE,
+    its marker removed and its metadata hidden, for overwrite=True alone to get out of."""
+    url = target.url("given-up.zarr")
+    data = expected()
+    entry = dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
+    committed = entry.read_marker()
+    assert committed is not None
+    with pytest.raises(ValueError, match="not compatible") as caught, dz.writing(
+            url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").append(data[:, :-1])  # a column short
+    assert "COMPLETE as last committed" in "".join(caught.value.__notes__)
+    with pytest.raises(RuntimeError, match="changed my mind"), dz.writing(
+            url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").resize((data.shape[0] * 2, data.shape[1]))
+        raise RuntimeError("changed my mind")  # the new shape is staged only: dropped
+    assert entry.state() is State.COMPLETE
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest == committed.manifest
+    assert entry.verify(deep=True).ok
+    np.testing.assert_array_equal(zarr.open_array(url, mode="r", **target.plain_options())[:],
+                                  data)
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], data)
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").append(data)
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:],
+                                  np.concatenate([data, data]))
 
 
 def test_leftover_temp_files_are_never_adopted(tmp_path: Any) -> None:

@@ -279,6 +279,7 @@ class WritingStore(WrapperStore[Store]):
             entry = Entry(self._url, storage_options=self._storage_options)
             self._staged.hand_off(f"{entry.layout.records}/{STAGING}", entry.adapter)
         self._staged.complete = False
+        self._staged.wrote_data = True  # the other process may write chunks: no restore
         return {"url": self._url, "attempt": self._attempt, "read_only": self.read_only,
                 "storage_options": self._storage_options}
 
@@ -337,6 +338,7 @@ class WritingStore(WrapperStore[Store]):
             return
         size, crc = await _crc(value)
         with _writing_for(self._attempt, self._url):
+            self._staged.wrote_data = True  # before: a failed set may have landed
             await self._store.set(key, value)
         # Recorded only once the store accepted the bytes: a failed set records nothing.
         self._recorder.record(key, size, crc)
@@ -356,12 +358,14 @@ class WritingStore(WrapperStore[Store]):
             if is_metadata(key) and self._staged.forget(key):
                 with self._staging_changes(key):
                     await self._staging.delete(key)
+            self._staged.wrote_data = True
             await self._store.delete(key)
         self._recorder.forget(key)
 
     async def delete_dir(self, prefix: str) -> None:
         self._check_open()
         keys = [k async for k in self._store.list_prefix(prefix)]
+        self._staged.wrote_data = True
         await self._store.delete_dir(prefix)
         if self._staged.forget(prefix):
             with self._staging_changes(prefix):
@@ -646,11 +650,44 @@ class WritingStore(WrapperStore[Store]):
             if await get_whole(self._staging, key, proto) is None:
                 buf = await get_whole(self._store, key, proto)
                 if buf is not None:
+                    self._staged.hidden[key] = buf.to_bytes()
                     await self._stage(key, buf.to_bytes())
         # Root first: the whole hierarchy disappears for plain readers at the first delete.
         for key in sorted(keys, key=_publish_tier, reverse=True):
             await self._store.delete(key)
             self._recorder.forget(key)
+
+    def restore(self, writer: EntryWriter, refused: Exception) -> bool:
+        """Give up an update that wrote no chunk (it failed with ``refused``): the
+        documents it hid go back into the entry (recorded), its staged ones are dropped,
+        and the writer's commit then makes the last commit again. Whether it did: False
+        (nothing done) once a chunk write or delete was tried or the store left this
+        process, or if a hidden document is not the bytes the last commit recorded; False
+        too if putting them back fails, said in a note on ``refused``."""
+        try:
+            return self._restore(writer)
+        except Exception as failed:
+            refused.add_note(f"{self._url}: the update wrote no chunk, but putting its "
+                             f"metadata back failed ({failed!r}): the entry is INCOMPLETE")
+            return False
+
+    def _restore(self, writer: EntryWriter) -> bool:
+        held = self._staged
+        if held.wrote_data or not held.hidden:
+            return False
+        base = writer._baseline
+        if any(key not in base or (len(data), crc32c(data)) != (base[key][0].size,
+                                                                 base[key][0].crc32c)
+               for key, data in held.hidden.items()):
+            return False
+        entry = Entry(self._url, storage_options=self._storage_options)
+        # Staging first: a document staged by the given-up update is never published.
+        entry.adapter.delete_prefix(f"{entry.layout.records}/{STAGING}")
+        for key in sorted(held.hidden, key=_publish_tier):  # the root last, as published
+            data = held.hidden[key]
+            sync(put(self._store, key, data))
+            self._recorder.record(key, len(data), crc32c(data))
+        return True
 
 
 @contextlib.contextmanager
