@@ -53,7 +53,7 @@ from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter
 from durable._errors import AlreadyCompleteError
 from durable._fragments import FragmentRecorder
-from durable._protocol import MARKER_NAME
+from durable._protocol import MARKER_NAME, ObjectRecord
 from durable._zarr_reading import get_whole, inner_store
 from durable._zarr_staged import Staged, put, tag
 from durable.adapters import ObjectInfo
@@ -86,7 +86,7 @@ def _publish_tier(key: str) -> tuple[int, int]:
 
 
 class Recorder(Protocol):
-    def record(self, key: str, size: int, crc32c: int) -> None: ...
+    def record(self, key: str, size: int, crc32c: int, *, tail: int | None = None) -> None: ...
 
     def forget(self, key: str) -> None: ...
 
@@ -211,11 +211,13 @@ def flush_workers() -> None:
         return
 
 
-async def _crc(value: Buffer) -> tuple[int, int]:
+async def _record_of(value: Buffer) -> ObjectRecord:
+    """The bytes' record, from the bytes zarr hands over (a chunk the crc32c codec ended
+    with its checksum keeps that checksum: its whole CRC32C is the same for every chunk)."""
     view = memoryview(value.as_buffer_like()).cast("B")
     if view.nbytes > _CRC_INLINE:
-        return view.nbytes, await asyncio.to_thread(crc32c, view)
-    return view.nbytes, crc32c(view)
+        return ObjectRecord.of(view.nbytes, await asyncio.to_thread(crc32c, view), view)
+    return ObjectRecord.of(view.nbytes, crc32c(view), view)
 
 
 async def _keys(keys: Iterable[str]) -> AsyncIterator[str]:
@@ -336,12 +338,12 @@ class WritingStore(WrapperStore[Store]):
             with _writing_for(self._attempt, self._url):
                 await self._stage(key, value.to_bytes())
             return
-        size, crc = await _crc(value)
+        rec = await _record_of(value)
         with _writing_for(self._attempt, self._url):
             self._staged.wrote_data = True  # before: a failed set may have landed
             await self._store.set(key, value)
         # Recorded only once the store accepted the bytes: a failed set records nothing.
-        self._recorder.record(key, size, crc)
+        self._recorder.record(key, rec.size, rec.crc32c, tail=rec.tail)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         if not await self.exists(key):
@@ -610,7 +612,7 @@ class WritingStore(WrapperStore[Store]):
             if data is None or key in self._staged.published:
                 return  # gone since it was listed (a racing writer published it), or
                 # published by an earlier call of publish
-            size, crc = await _crc(proto.buffer.from_bytes(data))
+            rec = await _record_of(proto.buffer.from_bytes(data))
             if exclusive:
                 try:
                     await asyncio.to_thread(entry.adapter.put, f"{entry.path}/{key}", data,
@@ -623,8 +625,8 @@ class WritingStore(WrapperStore[Store]):
                 self._staged.published.add(key)
             else:
                 await put(self._store, key, data)
-            self._recorder.record(key, size, crc)
-            published[key] = ObjectInfo(f"{entry.path}/{key}", size)
+            self._recorder.record(key, rec.size, rec.crc32c, tail=rec.tail)
+            published[key] = ObjectInfo(f"{entry.path}/{key}", rec.size)
 
         for tier in sorted(tiers):
             # One tier at a time: a node's document appears only after its children's.
@@ -676,8 +678,8 @@ class WritingStore(WrapperStore[Store]):
         if held.wrote_data or not held.hidden:
             return False
         base = writer._baseline
-        if any(key not in base or (len(data), crc32c(data)) != (base[key][0].size,
-                                                                 base[key][0].crc32c)
+        if any(key not in base
+               or not base[key][0].matches(ObjectRecord.of(len(data), crc32c(data), data))
                for key, data in held.hidden.items()):
             return False
         entry = Entry(self._url, storage_options=self._storage_options)

@@ -1,7 +1,9 @@
 """zarr-python 3 entries that no reader can take for complete before they are, read verified.
 
 Writing (`writing`, `write`): every chunk goes through a `WritingStore`, which records its
-size and CRC32C from the bytes zarr hands over (no second read). The metadata documents
+size and CRC32C from the bytes zarr hands over (no second read), and for a chunk ending in
+the crc32c codec's checksum that checksum too (`ObjectRecord.tail`: every such chunk has
+the same whole CRC32C). The metadata documents
 (``zarr.json``; ``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``) are *held back* in a
 staging area beside the entry (``PARENT/.durable/NAME/staged``), or (`write`,
 ``stage="on_handoff"``) in the writer's memory until the store goes to another process,
