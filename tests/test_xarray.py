@@ -179,6 +179,31 @@ def test_an_append_xarray_refuses_before_a_chunk_leaves_the_last_commit_complete
                                 xr.concat([first, dataset(8, 8)], "t").load())
 
 
+def test_an_append_that_would_leave_variables_at_two_lengths_is_refused(
+        target: Target) -> None:
+    """xarray appends the variables it is given and creates new ones at the appended
+    length alone: a dataset missing one of the entry's variables along append_dim, or with
+    one the entry lacks, was committed, and then opened nowhere ("conflicting sizes for
+    dimension 't'"), durable's reader or xarray's. Refused before a chunk is written."""
+    url = target.url("uneven.zarr")
+    first = dataset(0, 8)
+    dx.to_zarr(first, url, storage_options=target.options)
+    entry = Entry(url, storage_options=target.options)
+    more = dataset(8, 8)
+    for uneven, named in ((more.drop_vars("count"), r"\['count'\] not in the appended"),
+                          (more.assign(extra=more["count"] * 2), r"\['extra'\] not in the entry")):
+        with pytest.raises(ValueError, match=named):
+            dx.to_zarr(uneven, url, storage_options=target.options, mode="a", append_dim="t")
+        assert entry.state() is State.COMPLETE
+        xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                    first.load())
+    # Variables without the dimension need not come along (xarray leaves them as they are).
+    dx.to_zarr(more.drop_vars("y"), url, storage_options=target.options, mode="a",
+               append_dim="t")
+    xr.testing.assert_identical(xr.open_zarr(url, **target.plain_options()).load(),
+                                xr.concat([first, more], "t").load())
+
+
 def test_refusals(target: Target) -> None:
     url = target.url("r.zarr")
     with pytest.raises(IncompleteError, match="ABSENT"):
