@@ -472,6 +472,51 @@ def test_a_script_and_its_spawned_workers_share_one_entry(tmp_path: Path) -> Non
         == ["__main__.tokenize"]
 
 
+_SCRIPT_TYPES = """
+import dataclasses, enum, multiprocessing as mp, os, sys
+import durable
+
+class Kind(enum.Enum):
+    A = 1
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    n: int
+
+@durable.cached(sys.argv[1])
+def run(kind, cfg):
+    with open(os.path.join(sys.argv[1], "computed.log"), "a") as f:
+        f.write(f"{kind.name}-{cfg.n}\\n")
+    return cfg.n
+
+def work(n):
+    return run(Kind.A, Cfg(n))
+
+if __name__ == "__main__":
+    run(Kind.A, Cfg(1))
+    with mp.get_context("spawn").Pool(1) as pool:
+        print(pool.map(work, [1]))
+"""
+
+
+def test_a_scripts_enum_and_dataclass_arguments_key_alike_in_its_spawned_workers(
+        tmp_path: Path) -> None:
+    """An enum or dataclass defined in a script is __main__'s there and __mp_main__'s in
+    the workers multiprocessing spawns: its tag named the module, so a worker's call had
+    another key, and the result was computed and stored twice."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT_TYPES)
+    root = tmp_path / "cache"
+    root.mkdir()
+    out = subprocess.run([sys.executable, str(script), str(root)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert "[1]" in out
+    assert (root / "computed.log").read_text().split() == ["A-1"]
+
+
 def test_a_dict_spelled_like_a_tagged_value_has_a_key_of_its_own(local: Store) -> None:
     """Values JSON cannot hold are tagged ({"set": [...]}); a dict argument spelled the same
     way shared their entry, and one call returned the other's result."""

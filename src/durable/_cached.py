@@ -135,11 +135,7 @@ class CachedFunction(Generic[P, R]):
         self._version = _safe(str(version))
         if not self._version:
             raise ValueError(f"version {version!r} has nothing that can go in a path")
-        # A script's functions are __main__'s in the script and __mp_main__'s in the
-        # workers multiprocessing spawns from it: one function, so one name (else each
-        # result is computed and stored twice).
-        module = "__main__" if func.__module__ == "__mp_main__" else func.__module__
-        self._function = f"{module}.{func.__qualname__}"
+        self._function = _qualified(func)
         self._name = getattr(func, "__name__", "function")
         self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{self._version}"
 
@@ -405,7 +401,7 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
         # Before str: a StrEnum member (a str) was keyed as its value, and a call with the
         # plain string got its result (one computed from .name, say).
         cls = type(value)
-        return {"enum": f"{cls.__module__}.{cls.__qualname__}",
+        return {"enum": _qualified(cls),
                 "value": _canonical(value.value, where, depth + 1)}
     if value is None or isinstance(value, bool | str):
         return value
@@ -440,7 +436,7 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
         # Every field, compare=False ones too: a field the dataclass leaves out of its
         # equality may still change the result, and a miss costs less than a wrong hit.
         kind = type(value)
-        return {"dataclass": f"{kind.__module__}.{kind.__qualname__}",
+        return {"dataclass": _qualified(kind),
                 "fields": {f.name: _canonical(getattr(value, f.name),
                                               f"{where}, field {f.name!r}", depth + 1)
                            for f in dataclasses.fields(value)}}
@@ -466,6 +462,15 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
     raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
                     "cannot be made into a cache key; pass key= to cached (a function of "
                     "the same arguments returning what identifies the result)")
+
+
+def _qualified(obj: Any) -> str:
+    """``module.qualname`` of a function or class, the same in every process: a script's
+    are __main__'s in the script and __mp_main__'s in the workers multiprocessing spawns
+    from it (its functions' results, or the keys of its enums and dataclasses, were
+    computed and stored twice)."""
+    module = "__main__" if obj.__module__ == "__mp_main__" else obj.__module__
+    return f"{module}.{obj.__qualname__}"
 
 
 def _time_key(value: _dt.date | _dt.time | _dt.timedelta) -> dict[str, str]:
