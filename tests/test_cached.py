@@ -496,6 +496,51 @@ def test_a_script_and_its_spawned_workers_share_one_entry(tmp_path: Path) -> Non
         == ["__main__.tokenize"]
 
 
+_SCRIPT_TYPES = """
+import dataclasses, enum, multiprocessing as mp, os, sys
+import durable
+
+class Kind(enum.Enum):
+    A = 1
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    n: int
+
+@durable.cached(sys.argv[1])
+def run(kind, cfg):
+    with open(os.path.join(sys.argv[1], "computed.log"), "a") as f:
+        f.write(f"{kind.name}-{cfg.n}\\n")
+    return cfg.n
+
+def work(n):
+    return run(Kind.A, Cfg(n))
+
+if __name__ == "__main__":
+    run(Kind.A, Cfg(1))
+    with mp.get_context("spawn").Pool(1) as pool:
+        print(pool.map(work, [1]))
+"""
+
+
+def test_a_scripts_enum_and_dataclass_arguments_key_alike_in_its_spawned_workers(
+        tmp_path: Path) -> None:
+    """An enum or dataclass defined in a script is __main__'s there and __mp_main__'s in
+    the workers multiprocessing spawns: its tag named the module, so a worker's call had
+    another key, and the result was computed and stored twice."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT_TYPES)
+    root = tmp_path / "cache"
+    root.mkdir()
+    out = subprocess.run([sys.executable, str(script), str(root)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert "[1]" in out
+    assert (root / "computed.log").read_text().split() == ["A-1"]
+
+
 def test_a_dict_spelled_like_a_tagged_value_has_a_key_of_its_own(local: Store) -> None:
     """Values JSON cannot hold are tagged ({"set": [...]}); a dict argument spelled the same
     way shared their entry, and one call returned the other's result."""
@@ -951,3 +996,107 @@ def test_structured_array_arguments_with_other_fields_have_keys_of_their_own(
     plain = np.arange(3, dtype="<i4")  # keys of plain arrays are what they were
     doc = durable._cached._canonical(plain, "x")
     assert doc["ndarray"]["dtype"] == "<i4"
+
+
+def test_pandas_times_and_datetime_subclasses_never_share_a_dicts_key(local: Store) -> None:
+    """A datetime subclass was tagged by its own type's name ({"Timestamp": ...}), which no
+    dict argument spelled the same way was kept from: one call returned the other's. So was
+    a str enum's member keyed as its plain string."""
+    import datetime as dt
+    import enum
+
+    import pandas as pd
+
+    class Stamp(dt.datetime):
+        pass
+
+    @durable.cached(local.root)
+    def show(x: Any) -> str:
+        return repr(x)
+
+    class Color(enum.StrEnum):
+        RED = "red"
+
+    ts = pd.Timestamp("2024-01-01T00:00:00.000000001")
+    for value, lookalike in ((ts, {"Timestamp": ts.isoformat()}),
+                             (Color.RED, "red"),
+                             (pd.NaT, {"NaTType": "NaT"}),
+                             (pd.Timedelta(1), {"Timedelta": pd.Timedelta(1).isoformat()}),
+                             (dt.timedelta(1), {"timedelta": str(dt.timedelta(1))}),
+                             (Stamp(2024, 1, 1), {"Stamp": "2024-01-01T00:00:00"})):
+        # The hash, not the URL: the readable part of it is a hint that may differ anyway.
+        assert show._locate((value,), {})[2] != show._locate((lookalike,), {})[2]
+        assert show(value) == repr(value) and show(lookalike) == repr(lookalike)
+    # Another datetime subclass (freezegun's, pendulum's) is keyed as the datetime it is.
+    assert show.entry(Stamp(2024, 1, 1)).url == show.entry(dt.datetime(2024, 1, 1)).url
+
+
+def test_timedelta_and_dataclass_arguments_are_keys_equal_for_equal_values(
+        local: Store) -> None:
+    """datetime.timedelta and dataclass arguments were refused (a TypeError asking for
+    key=), though each has a spelling that tells its values apart."""
+    import dataclasses
+    import datetime as dt
+    import threading
+
+    import pandas as pd
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        lr: float
+        steps: int = 10
+        tags: tuple[str, ...] = ()
+
+    @dataclasses.dataclass(frozen=True)
+    class Other:
+        lr: float
+        steps: int = 10
+        tags: tuple[str, ...] = ()
+
+    calls: list[Any] = []
+
+    @durable.cached(local.root)
+    def run(x: Any) -> str:
+        calls.append(x)
+        return repr(x)
+
+    assert run(Config(0.1, tags=("a",))) == run(Config(0.1, 10, ("a",)))
+    assert run(dt.timedelta(hours=1)) == run(dt.timedelta(seconds=3600))
+    assert len(calls) == 2  # equal values: one entry each
+    distinct = [Config(0.1), Config(0.2), Other(0.1), dt.timedelta(0),
+                dt.timedelta(microseconds=1), dt.timedelta(days=-1), pd.Timedelta(0),
+                pd.Timedelta(1)]
+    assert len({run.entry(v).url for v in distinct}) == len(distinct)
+    doc = json.loads(Path(run.entry(Config(0.1, tags=("a",))).path, "key.json").read_bytes())
+    assert doc["key"]["x"] == {"dataclass": f"{__name__}.{Config.__qualname__}",
+                               "fields": {"lr": 0.1, "steps": 10, "tags": ["a"]}}
+
+    @dataclasses.dataclass
+    class Holder:
+        n: int
+        lock: Any = dataclasses.field(default_factory=threading.Lock, compare=False)
+
+    with pytest.raises(TypeError, match=r"argument 'x', field 'lock': a _thread\.lock .*key="):
+        run.entry(Holder(1))
+    with pytest.raises(TypeError, match=r"argument 'x'.*type.*key="):
+        run.entry(Config)  # the class, not an instance
+
+
+def test_every_nan_is_one_key_and_each_infinity_its_own(local: Store) -> None:
+    """NaN was keyed by repr: NumPy 2's float64 NaN ("np.float64(nan)") had an entry apart
+    from float("nan"), np.nan and np.float32's, though no function tells them apart."""
+    calls: list[Any] = []
+
+    @durable.cached(local.root)
+    def f(x: float) -> str:
+        calls.append(x)
+        return "computed"
+
+    nans = [float("nan"), np.nan, np.float32("nan"), np.float64("nan"), -float("nan")]
+    assert len({f.entry(v).url for v in nans}) == 1
+    for v in nans:
+        f(v)
+    assert len(calls) == 1
+    infs = [float("inf"), np.float64("inf"), np.float32("inf")]
+    assert len({f.entry(v).url for v in infs}) == 1
+    assert len({f.entry(v).url for v in (np.nan, np.inf, -np.inf, 0.0)}) == 4

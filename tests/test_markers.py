@@ -164,6 +164,10 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "size as float": with_record(size=8.0),
     "size as string": with_record(size="8"),
     "size as bool": with_record(size=True),
+    # A tail (an object's last 4 bytes) is recorded only under the CRC32C residue.
+    "tail not hex": with_record(tail="not-hex!"),
+    "tail as integer": with_record(tail=12345),
+    "tail without the residue": with_record(tail="00000000"),
     "ref to another file name": ref_moved_to("other.json"),
     "ref out of the records": ref_moved_to("../../planted.json"),
     "ref to an absolute path": lambda place, doc: with_ref(key=place.root + "/sentinel")(
@@ -487,3 +491,28 @@ def test_an_external_manifest_larger_than_recorded_is_refused_unread(
     finally:
         tracemalloc.stop()
     assert peak < 8 * 1024 * 1024, peak
+
+
+def test_a_records_tail_is_optional_and_kept_only_under_the_residue() -> None:
+    """A chunk ending in its own CRC32C (zarr's crc32c codec) has the residue as its whole
+    CRC32C, so two such chunks of one size had one record; its last 4 bytes (the CRC32C of
+    its contents) are kept beside it. A record without one is spelled as before, so markers
+    of other objects are unchanged, and a reader that knows no tail ignores it."""
+    from durable._checksum import CRC32C_RESIDUE
+    from durable._protocol import ObjectRecord
+
+    body = b"some chunk"
+    word = body + crc32c.crc32c(body).to_bytes(4, "little")
+    assert crc32c.crc32c(word) == CRC32C_RESIDUE
+    rec = ObjectRecord.of(len(word), crc32c.crc32c(word), word)
+    assert rec.tail == int.from_bytes(word[-4:], "big")
+    assert rec.to_json() == {"size": 14, "crc32c": "48674bc7", "tail": word[-4:].hex()}
+    assert ObjectRecord.from_json(rec.to_json(), "here") == rec
+    plain = ObjectRecord.of(len(body), crc32c.crc32c(body), body)
+    assert plain.tail is None and set(plain.to_json()) == {"size", "crc32c"}
+    other = body[:-1] + b"!"
+    straggler = other + crc32c.crc32c(other).to_bytes(4, "little")
+    found = ObjectRecord.of(len(straggler), crc32c.crc32c(straggler), straggler)
+    assert (found.size, found.crc32c) == (rec.size, rec.crc32c)  # the same without it
+    assert not rec.matches(found) and rec.matches(rec)
+    assert ObjectRecord(rec.size, rec.crc32c).matches(found)  # no tail: nothing to say

@@ -351,6 +351,34 @@ def _streaming(url: str, opts: dict[str, Any]) -> Any:
     return block()
 
 
+def test_a_streamed_chunk_replaced_by_another_codeword_of_its_size_is_caught(
+        s3_bucket: Bucket) -> None:
+    """`_stream` recorded each codeword chunk by the residue alone, the same for every
+    chunk: another attempt's chunk of the same size over a committed one passed deep
+    verification. It holds the encoded bytes: their last 4 (the chunk's own CRC32C) are
+    recorded too, and compared."""
+    url, other = s3_bucket.path("arr"), s3_bucket.path("other")
+    opts = dict(s3_bucket.storage_options)
+    with _streaming(url, opts):
+        pass
+    with dts.writing(other, storage_options=opts) as w:
+        data = values(20) + 1
+        assert w._stream(w.open(create=True, dtype=data.dtype, shape=data.shape,
+                                chunk_layout=ts.ChunkLayout(chunk_shape=[10, 10])), data)
+    entry = Entry(url, storage_options=opts)
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    fs = s3_bucket.filesystem()
+    committed = fs.cat_file(f"{url[5:]}/c/0/0")
+    rec = marker.manifest.objects["c/0/0"]
+    assert (rec.crc32c, rec.tail) == (RESIDUE, int.from_bytes(committed[-4:], "big"))
+    straggler = fs.cat_file(f"{other[5:]}/c/0/0")
+    assert len(straggler) == len(committed) and straggler != committed
+    fs.pipe_file(f"{url[5:]}/c/0/0", straggler)
+    report = entry.verify(deep=True, raise_errors=False)
+    assert [(p.key, p.issue) for p in report.problems] == [("c/0/0", "crc32c")]
+
+
 def test_a_streamed_write_whose_entry_was_cleared_meanwhile_does_not_commit(
         s3_bucket: Bucket) -> None:
     url, opts = s3_bucket.path("arr"), dict(s3_bucket.storage_options)

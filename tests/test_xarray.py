@@ -145,6 +145,65 @@ def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
                                 xr.concat([first, second], "t").load())
 
 
+def test_an_append_xarray_refuses_before_a_chunk_leaves_the_last_commit_complete(
+        target: Target) -> None:
+    """xarray refused the append (a variable of another shape, another dtype, a dimension
+    the dataset lacks) after the update had removed the marker and hidden the metadata:
+    INCOMPLETE, and only overwrite=True got out of it. No chunk was written: the last
+    commit is made again, and the entry reads as before."""
+    url = target.url("refused.zarr")
+    first = dataset(0, 8)
+    dx.to_zarr(first, url, storage_options=target.options)
+    entry = Entry(url, storage_options=target.options)
+    committed = entry.read_marker()
+    assert committed is not None
+    wider = dataset(8, 8).isel(y=slice(0, 6))  # y: 6 where the entry has 10
+    as_text = dataset(8, 8).assign(count=lambda d: d["count"].astype(str))
+    for refused, match, kwargs in (
+            (wider, "different dimension sizes", {"append_dim": "t"}),
+            (as_text, "Mismatched dtypes", {"append_dim": "t"}),
+            (dataset(8, 8), "nope", {"append_dim": "nope"})):
+        with pytest.raises(ValueError, match=match) as caught:
+            dx.to_zarr(refused, url, storage_options=target.options, mode="a", **kwargs)
+        assert "COMPLETE as last committed" in "".join(caught.value.__notes__)
+        assert entry.state() is State.COMPLETE
+        marker = entry.read_marker()
+        assert marker is not None and marker.manifest == committed.manifest
+        assert entry.verify(deep=True).ok
+        xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                    first.load())
+        # Nothing the refused update staged is left to be published by a later one.
+        assert not entry.adapter.list(f"{entry.layout.records}/staged")
+    dx.to_zarr(dataset(8, 8), url, storage_options=target.options, mode="a", append_dim="t")
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                xr.concat([first, dataset(8, 8)], "t").load())
+
+
+def test_an_append_that_would_leave_variables_at_two_lengths_is_refused(
+        target: Target) -> None:
+    """xarray appends the variables it is given and creates new ones at the appended
+    length alone: a dataset missing one of the entry's variables along append_dim, or with
+    one the entry lacks, was committed, and then opened nowhere ("conflicting sizes for
+    dimension 't'"), durable's reader or xarray's. Refused before a chunk is written."""
+    url = target.url("uneven.zarr")
+    first = dataset(0, 8)
+    dx.to_zarr(first, url, storage_options=target.options)
+    entry = Entry(url, storage_options=target.options)
+    more = dataset(8, 8)
+    for uneven, named in ((more.drop_vars("count"), r"\['count'\] not in the appended"),
+                          (more.assign(extra=more["count"] * 2), r"\['extra'\] not in the entry")):
+        with pytest.raises(ValueError, match=named):
+            dx.to_zarr(uneven, url, storage_options=target.options, mode="a", append_dim="t")
+        assert entry.state() is State.COMPLETE
+        xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                    first.load())
+    # Variables without the dimension need not come along (xarray leaves them as they are).
+    dx.to_zarr(more.drop_vars("y"), url, storage_options=target.options, mode="a",
+               append_dim="t")
+    xr.testing.assert_identical(xr.open_zarr(url, **target.plain_options()).load(),
+                                xr.concat([first, more], "t").load())
+
+
 def test_refusals(target: Target) -> None:
     url = target.url("r.zarr")
     with pytest.raises(IncompleteError, match="ABSENT"):

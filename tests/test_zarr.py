@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import xarray as xr
@@ -194,6 +195,47 @@ def test_checksum_codec_is_written_and_read(target: Target) -> None:
     array = dz.open(target.url("c.zarr"), storage_options=target.options)
     assert any(type(c).__name__ == "Crc32cCodec" for c in array.compressors)
     np.testing.assert_array_equal(array[:], data)
+
+
+def test_a_chunk_replaced_by_another_codeword_of_its_size_is_caught(target: Target) -> None:
+    """Every chunk ending in the crc32c codec's checksum has the one whole-object CRC32C
+    (the residue): a chunk of another attempt put over a committed one of the same size (a
+    straggler) passed deep verification and was read as data. The manifest keeps each
+    such chunk's own checksum (its last 4 bytes), from the bytes zarr handed over."""
+    data = expected()
+    url, other = target.url("cw.zarr"), target.url("other.zarr")
+    for where, values in ((url, data), (other, data + 1)):
+        dz.write(where, values, chunks=CHUNKS, checksum_codec=True, compressors=None,
+                 storage_options=target.options)
+    entry = Entry(url, storage_options=target.options)
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    committed = target.raw_keys("cw.zarr")
+    for key, rec in marker.manifest.objects.items():
+        if key != "zarr.json":
+            assert rec.crc32c == 0x48674BC7 and rec.tail == int.from_bytes(
+                committed[key][-4:], "big")
+    straggler = target.raw_keys("other.zarr")["c/0/0"]
+    assert len(straggler) == len(committed["c/0/0"]) and straggler != committed["c/0/0"]
+    target.raw_write("cw.zarr/c/0/0", straggler)
+    report = entry.verify(deep=True, raise_errors=False)
+    assert [(p.key, p.issue) for p in report.problems] == [("c/0/0", "crc32c")]
+    assert f"ending {committed['c/0/0'][-4:].hex()}" in str(report.problems[0])
+    with pytest.raises(IntegrityError, match=r"c/0/0: CRC32C 48674bc7, ending "):
+        dz.open(url, storage_options=target.options)[:CHUNKS[0], :CHUNKS[1]]
+    # Read as an object, whole, streamed or through durable:: (plain zarr's way in).
+    chunk = f"{url}/c/0/0"
+    with pytest.raises(IntegrityError, match="another chunk of the same size"):
+        durable.read_verified(chunk, storage_options=target.options)
+    with pytest.raises(IntegrityError, match="another chunk of the same size"), \
+            durable.open_verified(chunk, storage_options=target.options) as f:
+        f.read()
+    with pytest.raises(IntegrityError, match="another chunk of the same size"), \
+            fsspec.open(f"durable::{chunk}", "rb",
+                        **({target.kind: target.options} if target.options else {})) as f:
+        f.read()
+    target.raw_write("cw.zarr/c/0/0", committed["c/0/0"])
+    assert entry.verify(deep=True).ok
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
@@ -574,13 +616,46 @@ def test_an_update_refuses_an_entry_a_failed_append_left(target: Target) -> None
     entry = dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
     with pytest.raises(RuntimeError, match="failed"), dz.writing(
             url, storage_options=target.options, update=True) as store:
-        zarr.open_array(store, mode="r+").resize((data.shape[0] * 2, data.shape[1]))
-        raise RuntimeError("the append failed before its chunks were written")
+        array = zarr.open_array(store, mode="r+")
+        array.resize((data.shape[0] * 2, data.shape[1]))
+        array[data.shape[0]:data.shape[0] + CHUNKS[0], :CHUNKS[1]] = 1  # one chunk of it
+        raise RuntimeError("the append failed part-way")
     assert entry.state() is State.INCOMPLETE
     with pytest.raises(IncompleteExistsError, match="update=True changes a COMPLETE entry"
                        ), dz.writing(url, storage_options=target.options, update=True) as store:
         zarr.open_array(store, mode="r+").append(data)
     assert entry.state() is State.INCOMPLETE
+
+
+def test_an_update_given_up_before_it_wrote_a_chunk_leaves_the_last_commit(
+        target: Target) -> None:
+    """An update that failed before writing any chunk (zarr refusing an append of another
+    width, the caller's own error after a resize) left the entry INCOMPLETE,
+    its marker removed and its metadata hidden, for overwrite=True alone to get out of."""
+    url = target.url("given-up.zarr")
+    data = expected()
+    entry = dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
+    committed = entry.read_marker()
+    assert committed is not None
+    with pytest.raises(ValueError, match="not compatible") as caught, dz.writing(
+            url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").append(data[:, :-1])  # a column short
+    assert "COMPLETE as last committed" in "".join(caught.value.__notes__)
+    with pytest.raises(RuntimeError, match="changed my mind"), dz.writing(
+            url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").resize((data.shape[0] * 2, data.shape[1]))
+        raise RuntimeError("changed my mind")  # the new shape is staged only: dropped
+    assert entry.state() is State.COMPLETE
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest == committed.manifest
+    assert entry.verify(deep=True).ok
+    np.testing.assert_array_equal(zarr.open_array(url, mode="r", **target.plain_options())[:],
+                                  data)
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], data)
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+").append(data)
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:],
+                                  np.concatenate([data, data]))
 
 
 def test_leftover_temp_files_are_never_adopted(tmp_path: Any) -> None:
@@ -595,10 +670,15 @@ def test_leftover_temp_files_are_never_adopted(tmp_path: Any) -> None:
 
 
 # many processes --------------------------------------------------------------------------------
-def test_writing_store_pickles_and_records_into_a_fragment(shared: Target) -> None:
+@pytest.mark.parametrize("codec", [False, True])
+def test_writing_store_pickles_and_records_into_a_fragment(shared: Target,
+                                                           codec: bool) -> None:
+    from zarr.codecs import Crc32cCodec
+
     url = shared.url("frag.zarr")
     with dz.writing(url, storage_options=shared.options, unrecorded="error") as store:
-        array = zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32")
+        array = zarr.create_array(store, shape=SHAPE, chunks=CHUNKS, dtype="float32",
+                                  compressors=[Crc32cCodec()] if codec else "auto")
         state = pickle.dumps(array)
         durable._zarr_writing._WRITERS.clear()  # as in another process: no coordinator
         elsewhere = pickle.loads(state)
@@ -609,7 +689,13 @@ def test_writing_store_pickles_and_records_into_a_fragment(shared: Target) -> No
         fragments = shared.raw_keys(".durable/frag.zarr/fragments")
         assert len(fragments) == 1
     # unrecorded="error": the commit took every chunk from the fragment, none re-read.
-    assert Entry(url, storage_options=shared.options).verify(deep=True).ok
+    entry = Entry(url, storage_options=shared.options)
+    assert entry.verify(deep=True).ok
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    # A codeword chunk's own checksum travels through the fragment too.
+    assert {rec.tail is not None for key, rec in marker.manifest.objects.items()
+            if key != "zarr.json"} == {codec}
     np.testing.assert_array_equal(dz.open(url, storage_options=shared.options)[:],
                                   expected())
 

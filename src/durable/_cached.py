@@ -3,7 +3,9 @@
 Each call maps to one entry, ``ROOT/<module.function>/v<version>/<args>-<hash>``: the
 arguments, bound to the signature with defaults applied, are normalised to canonical JSON;
 the hash is of that JSON, the function's name and the version; the readable part shows the
-short scalar arguments, so `durable scan ROOT` lists entries a person can tell apart. The
+short scalar arguments, so `durable scan ROOT` lists entries a person can tell apart
+(docs/guides/cached.md tabulates how each type is keyed: equal values of a type share a
+key, distinct ones never, and what has no such spelling is a TypeError asking for key=). The
 entry holds ``value.<serializer>`` and ``key.json`` (the canonical arguments, for
 inspection). How each state of the entry is met:
 
@@ -33,6 +35,7 @@ staleness replaces: a dead writer's lease stops being renewed, and waiters see t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import enum
 import functools
@@ -43,6 +46,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 import types
 from collections.abc import Callable, Mapping
@@ -140,11 +144,7 @@ class CachedFunction(Generic[P, R]):
         self._version = _safe(str(version))
         if not self._version:
             raise ValueError(f"version {version!r} has nothing that can go in a path")
-        # A script's functions are __main__'s in the script and __mp_main__'s in the
-        # workers multiprocessing spawns from it: one function, so one name (else each
-        # result is computed and stored twice).
-        module = "__main__" if func.__module__ == "__mp_main__" else func.__module__
-        self._function = f"{module}.{func.__qualname__}"
+        self._function = _qualified(func)
         self._name = getattr(func, "__name__", "function")
         self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{self._version}"
 
@@ -417,7 +417,8 @@ def _readable(doc: Any) -> str:
 
 # The keys `_canonical` tags non-JSON values with (and dicts that use one of them).
 _TAGS = frozenset({"enum", "float", "set", "bytes", "datetime", "date", "time", "ndarray",
-                   "dict", "datetime64", "timedelta64"})
+                   "dict", "datetime64", "timedelta64", "timedelta", "Timestamp", "Timedelta",
+                   "NaTType", "dataclass"})
 
 
 def _canonical(value: Any, where: str, depth: int = 0) -> Any:
@@ -428,16 +429,22 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
     """
     if depth > 50:
         raise TypeError(f"{where}: nested too deep to make a cache key of")
+    if isinstance(value, enum.Enum):
+        # Before str: a StrEnum member (a str) was keyed as its value, and a call with the
+        # plain string got its result (one computed from .name, say).
+        cls = type(value)
+        return {"enum": _qualified(cls),
+                "value": _canonical(value.value, where, depth + 1)}
     if value is None or isinstance(value, bool | str):
         return value
-    if isinstance(value, enum.Enum):
-        cls = type(value)
-        return {"enum": f"{cls.__module__}.{cls.__qualname__}",
-                "value": _canonical(value.value, where, depth + 1)}
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
-        return value if math.isfinite(value) else {"float": repr(value)}
+        if math.isfinite(value):
+            return value
+        # Every NaN is one key (float("nan"), np.nan, np.float32 and np.float64 NaNs: the
+        # same argument to any function); repr() gave NumPy 2's float64 "np.float64(nan)".
+        return {"float": "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"}
     if isinstance(value, list | tuple):
         return [_canonical(v, where, depth + 1) for v in value]
     if isinstance(value, dict):
@@ -455,8 +462,16 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
         return {"bytes": hashlib.sha256(value).hexdigest()}
     if isinstance(value, PurePath):
         return os.fspath(value)
-    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
-        return {type(value).__name__: value.isoformat()}
+    if isinstance(value, _dt.date | _dt.time | _dt.timedelta):
+        return _time_key(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # Every field, compare=False ones too: a field the dataclass leaves out of its
+        # equality may still change the result, and a miss costs less than a wrong hit.
+        kind = type(value)
+        return {"dataclass": _qualified(kind),
+                "fields": {f.name: _canonical(getattr(value, f.name),
+                                              f"{where}, field {f.name!r}", depth + 1)
+                           for f in dataclasses.fields(value)}}
     ndarray = _numpy_type("ndarray")
     if ndarray is not None and isinstance(value, ndarray) and value.dtype.kind != "O":
         data = value.tobytes(order="C")
@@ -481,8 +496,41 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
                     "the same arguments returning what identifies the result)")
 
 
-def _numpy_type(name: str) -> Any:
-    import sys
+def _qualified(obj: Any) -> str:
+    """``module.qualname`` of a function or class, the same in every process: a script's
+    are __main__'s in the script and __mp_main__'s in the workers multiprocessing spawns
+    from it (its functions' results, or the keys of its enums and dataclasses, were
+    computed and stored twice)."""
+    module = "__main__" if obj.__module__ == "__mp_main__" else obj.__module__
+    return f"{module}.{obj.__qualname__}"
 
+
+def _time_key(value: _dt.date | _dt.time | _dt.timedelta) -> dict[str, str]:
+    """A date, time, datetime or timedelta (or pandas' Timestamp, NaT, Timedelta) tagged
+    by its type, in a spelling that tells every value of that type apart.
+
+    The tag is one of `_TAGS`, never a type's own name: a subclass named like nothing
+    reserved ({"FakeDatetime": ...}) was a dict argument's key too. Another subclass
+    (freezegun's, pendulum's) is keyed as the standard type it derives from, by that
+    type's own spelling of its fields.
+    """
+    pandas = sys.modules.get("pandas")
+    if pandas is not None:
+        if isinstance(value, pandas.Timestamp):  # nanoseconds are in its isoformat
+            return {"Timestamp": value.isoformat()}
+        if value is pandas.NaT:
+            return {"NaTType": "NaT"}
+        if isinstance(value, pandas.Timedelta):  # ISO 8601, to the nanosecond
+            return {"Timedelta": value.isoformat()}
+    if isinstance(value, _dt.timedelta):
+        return {"timedelta": _dt.timedelta.__str__(value)}  # days, seconds, microseconds
+    if isinstance(value, _dt.datetime):  # before date: a datetime is a date
+        return {"datetime": _dt.datetime.isoformat(value)}
+    if isinstance(value, _dt.date):
+        return {"date": _dt.date.isoformat(value)}
+    return {"time": _dt.time.isoformat(value)}
+
+
+def _numpy_type(name: str) -> Any:
     numpy = sys.modules.get("numpy")
     return getattr(numpy, name, None) if numpy is not None else None

@@ -12,9 +12,13 @@ import re
 
 import crc32c as _crc32c
 
-__all__ = ["Checksum", "crc32c", "crc_from_b64", "crc_from_hex", "crc_to_b64", "crc_to_hex"]
+__all__ = ["CRC32C_RESIDUE", "Checksum", "crc32c", "crc_from_b64", "crc_from_hex", "crc_to_b64",
+           "crc_to_hex"]
 
 _HEX = re.compile(r"[0-9a-f]{8}")
+# The CRC32C of any bytes that end with the CRC32C of what precedes them (little-endian, as
+# zarr's crc32c codec writes a chunk): the same for every such object, whatever it holds.
+CRC32C_RESIDUE = 0x48674BC7
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:

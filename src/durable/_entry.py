@@ -113,16 +113,38 @@ class VerifyReport:
         return not self.problems
 
 
-def read_object_checksum(adapter: Adapter, path: str, info: ObjectInfo) -> Checksum:
-    """Stream one object through CRC32C, pinned to the version ``info`` names."""
+def read_object_record(adapter: Adapter, path: str, info: ObjectInfo) -> ObjectRecord:
+    """Stream one object through CRC32C, pinned to the version ``info`` names: its record
+    (with the tail, where its CRC32C is the residue)."""
     ck = Checksum()
+    ending = b""
     with adapter.open_read(path, info) as f:
         while True:
             block = f.read(_READ_BLOCK)
             if not block:
                 break
             ck.update(block)
-    return ck
+            ending = (ending + block[-4:])[-4:]
+    return ObjectRecord.of(ck.size, ck.crc, ending)
+
+
+def deep_problem(adapter: Adapter, key: str, info: ObjectInfo,
+                 rec: ObjectRecord) -> Problem | None:
+    """What reading the object ``info`` whole finds wrong with it against ``rec``."""
+    url = adapter.url(info.path)
+    try:
+        found = read_object_record(adapter, info.path, info)
+    except (OSError, DurableError) as exc:
+        return Problem(key, url, "unreadable", found=str(exc))
+    if found.size != rec.size:
+        return Problem(key, url, "size", rec.size, found.size)
+    if not rec.matches(found):
+        # A tail differing under the residue: another codeword of the same size (a
+        # straggler of another attempt), which the CRC32C alone cannot tell apart.
+        return Problem(key, url, "crc32c", rec.checksum_text(),
+                       found.checksum_text() if rec.tail is not None
+                       else crc_to_hex(found.crc32c))
+    return None
 
 
 class Entry:
@@ -415,17 +437,7 @@ class Entry:
                                            "unexpected", found=listing[key].size))
 
         def check(item: tuple[str, ObjectInfo, ObjectRecord]) -> Problem | None:
-            key, info, rec = item
-            url = self.adapter.url(info.path)
-            try:
-                ck = read_object_checksum(self.adapter, info.path, info)
-            except (OSError, DurableError) as exc:
-                return Problem(key, url, "unreadable", found=str(exc))
-            if ck.size != rec.size:
-                return Problem(key, url, "size", rec.size, ck.size)
-            if ck.crc != rec.crc32c:
-                return Problem(key, url, "crc32c", crc_to_hex(rec.crc32c), crc_to_hex(ck.crc))
-            return None
+            return deep_problem(self.adapter, *item)
 
         if to_read:
             with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -843,11 +855,11 @@ class Entry:
                   and found.version != writer._versions[key]):
                 # Rewritten since this writer wrote it (same size): the marker must not
                 # record our CRC over someone else's bytes, so read what is there now.
-                ck = read_object_checksum(self.adapter, found.path, found)
-                if (ck.size, ck.crc) != (rec.size, rec.crc32c):
+                now = read_object_record(self.adapter, found.path, found)
+                if not rec.matches(now):
                     problems.append(f"{url}: replaced after this writer wrote it (CRC32C "
-                                    f"{crc_to_hex(rec.crc32c)} written, "
-                                    f"{crc_to_hex(ck.crc)} found)")
+                                    f"{rec.checksum_text()} written, "
+                                    f"{now.checksum_text()} found)")
         if problems:
             raise IntegrityError(f"{self.url}: not committing: " + "; ".join(problems),
                                  url=self.url)
@@ -1009,15 +1021,17 @@ class EntryWriter:
         with self.open(key) as f:
             f.write(data)
 
-    def record(self, key: str, size: int, crc32c: int, *, version: str | None = None) -> None:
+    def record(self, key: str, size: int, crc32c: int, *, version: str | None = None,
+               tail: int | None = None) -> None:
         """Record an object written by other means whose size and CRC32C are known.
 
         ``version`` (as the adapter's ObjectInfo spells it), when known, lets the commit
-        see an object replaced by someone else after this writer wrote it.
+        see an object replaced by someone else after this writer wrote it. ``tail``: its
+        last 4 bytes where its CRC32C is the residue (`ObjectRecord`), when known.
         """
         check_key(key, self.url)
         with self._lock:
-            self._records[key] = ObjectRecord(size, crc32c)
+            self._records[key] = ObjectRecord(size, crc32c, tail)
             if version is None:
                 self._versions.pop(key, None)
             else:
@@ -1099,12 +1113,12 @@ def _checksum_all(adapter: Adapter, listing: dict[str, ObjectInfo],
                   workers: int) -> dict[str, ObjectRecord]:
     def one(item: tuple[str, ObjectInfo]) -> tuple[str, ObjectRecord]:
         key, info = item
-        ck = read_object_checksum(adapter, info.path, info)
-        if ck.size != info.size:
+        rec = read_object_record(adapter, info.path, info)
+        if rec.size != info.size:
             raise IntegrityError(
-                f"{adapter.url(info.path)}: listed with {info.size} bytes, read {ck.size}",
-                url=adapter.url(info.path), expected=info.size, found=ck.size)
-        return key, ObjectRecord(ck.size, ck.crc)
+                f"{adapter.url(info.path)}: listed with {info.size} bytes, read {rec.size}",
+                url=adapter.url(info.path), expected=info.size, found=rec.size)
+        return key, rec
 
     if not listing:
         return {}

@@ -19,7 +19,6 @@ import uuid
 import weakref
 from typing import Any
 
-from durable._checksum import crc_from_hex
 from durable._errors import MarkerError
 from durable._protocol import FORMAT, ObjectRecord, check_key
 
@@ -51,9 +50,9 @@ class FragmentRecorder:
         self._lock = threading.Lock()
         _LIVE.add(self)
 
-    def record(self, key: str, size: int, crc32c: int) -> None:
+    def record(self, key: str, size: int, crc32c: int, *, tail: int | None = None) -> None:
         with self._lock:
-            self._pending[key] = ObjectRecord(size, crc32c)
+            self._pending[key] = ObjectRecord(size, crc32c, tail)
             full = len(self._pending) >= self.flush_every
         if full:
             self.flush()
@@ -111,13 +110,5 @@ def decode_fragment(data: bytes, where: str, attempt: str) -> dict[str, ObjectRe
         if rec is None:
             out[key] = None
             continue
-        if not isinstance(rec, dict):
-            raise MarkerError(f"{where}: bad record for {key!r:.80}", url=where)
-        size = rec.get("size")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise MarkerError(f"{where}: bad size for {key!r:.80}", url=where)
-        try:
-            out[key] = ObjectRecord(size, crc_from_hex(rec.get("crc32c")))
-        except ValueError as exc:
-            raise MarkerError(f"{where}: {exc}", url=where) from None
+        out[key] = ObjectRecord.from_json(rec, f"{where} [{key}]")
     return out

@@ -25,14 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from durable._checksum import crc_to_hex
 from durable._entry import (
     OPENED_FIRST,
     Entry,
     Problem,
     VerifyReport,
+    deep_problem,
     delete_tree,
-    read_object_checksum,
 )
 from durable._errors import (
     AlreadyCompleteError,
@@ -217,17 +216,7 @@ def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
         to_read += [(report, *item) for item in _compare(sv, key, marker, report)]
 
     def check(item: tuple[VerifyReport, str, ObjectInfo, ObjectRecord]) -> Problem | None:
-        _, key, info, rec = item
-        url = sv.adapter.url(info.path)
-        try:
-            ck = read_object_checksum(sv.adapter, info.path, info)
-        except (OSError, DurableError) as exc:
-            return Problem(key, url, "unreadable", found=str(exc))
-        if ck.size != rec.size:
-            return Problem(key, url, "size", rec.size, ck.size)
-        if ck.crc != rec.crc32c:
-            return Problem(key, url, "crc32c", crc_to_hex(rec.crc32c), crc_to_hex(ck.crc))
-        return None
+        return deep_problem(sv.adapter, *item[1:])
 
     if to_read:
         with ThreadPoolExecutor(max(1, min(workers, len(to_read)))) as pool:

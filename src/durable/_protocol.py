@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from durable._checksum import crc32c, crc_from_hex, crc_to_hex
+from durable._checksum import CRC32C_RESIDUE, crc32c, crc_from_hex, crc_to_hex
 from durable._errors import MarkerError, UnsupportedError
 from durable._version import __version__
 
@@ -152,11 +152,44 @@ def check_key(key: object, where: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ObjectRecord:
+    """An object's size and CRC32C; ``tail``: its last 4 bytes (as a big-endian number),
+    kept only where its CRC32C is `CRC32C_RESIDUE`.
+
+    Such an object ends with the CRC32C of the bytes before it (a chunk zarr's crc32c codec
+    encoded), so its whole CRC32C is that constant, whatever it holds: two such chunks of
+    one size (the committed one and a straggler another attempt put over it) had one record.
+    Their last 4 bytes are the CRC32C of their contents, and tell them apart.
+    """
+
     size: int
     crc32c: int
+    tail: int | None = None
+
+    @classmethod
+    def of(cls, size: int, crc: int, ending: bytes | memoryview) -> ObjectRecord:
+        """The record of an object of ``size`` bytes and CRC32C ``crc`` that ends with
+        ``ending`` (its last bytes: 4 or more, or all of it)."""
+        if crc != CRC32C_RESIDUE or size < 4:
+            return cls(size, crc)
+        return cls(size, crc, int.from_bytes(bytes(ending[-4:]), "big"))
+
+    def matches(self, found: ObjectRecord) -> bool:
+        """Whether ``found`` (read from the object) is what this record says; a record
+        without a tail says nothing of one."""
+        return ((found.size, found.crc32c) == (self.size, self.crc32c)
+                and (self.tail is None or found.tail == self.tail))
+
+    def checksum_text(self) -> str:
+        """The CRC32C in hex, and the tail where there is one (for messages)."""
+        text = crc_to_hex(self.crc32c)
+        return text if self.tail is None else f"{text}, ending {crc_to_hex(self.tail)}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "crc32c": crc_to_hex(self.crc32c)}
+        doc: dict[str, Any] = {"size": self.size, "crc32c": crc_to_hex(self.crc32c)}
+        if self.tail is not None:
+            # Optional: a reader that does not know it ignores it (and checks what it did).
+            doc["tail"] = crc_to_hex(self.tail)
+        return doc
 
     @classmethod
     def from_json(cls, value: object, where: str) -> ObjectRecord:
@@ -170,7 +203,18 @@ class ObjectRecord:
             crc = crc_from_hex(value.get("crc32c"))
         except ValueError as exc:
             raise MarkerError(f"{where}: {exc}", url=where) from None
-        return cls(size, crc)
+        try:
+            tail = crc_from_hex(value["tail"]) if "tail" in value else None
+        except ValueError:
+            raise MarkerError(f"{where}: tail must be 8 lowercase hex digits (the object's "
+                              f"last 4 bytes), got {value['tail']!r:.40}", url=where) from None
+        if tail is not None and (crc != CRC32C_RESIDUE or size < 4):
+            # Recorded only where the CRC32C cannot tell contents apart: anywhere else it
+            # is not this protocol's.
+            raise MarkerError(f"{where}: a tail is recorded only for an object of 4 bytes or "
+                              f"more with CRC32C {crc_to_hex(CRC32C_RESIDUE)}, not "
+                              f"{crc_to_hex(crc)} ({size} bytes)", url=where)
+        return cls(size, crc, tail)
 
 
 @dataclass(frozen=True)

@@ -285,7 +285,7 @@ class _Zarr(Serializer):
         if marker is None or marker.manifest is None:
             raise IntegrityError(f"{url}: written, but its commit marker is missing", url=url)
         for k, rec in marker.manifest.objects.items():
-            writer.record(f"{key}/{k}", rec.size, rec.crc32c)
+            writer.record(f"{key}/{k}", rec.size, rec.crc32c, tail=rec.tail)
         # Its own records (its marker) sit in our entry too: record them, read once (the
         # cached entry commits nothing it did not record).
         adapter = writer.entry.adapter

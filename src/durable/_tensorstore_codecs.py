@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorstore as ts
 
-from durable._checksum import crc32c, crc_to_hex
+from durable._checksum import CRC32C_RESIDUE, crc32c, crc_to_hex
 from durable._errors import IntegrityError
 from durable.adapters.base import Adapter, ObjectInfo
 
@@ -27,9 +27,6 @@ __all__ = ["CRC32C_RESIDUE", "array_metadata", "checksummed", "chunk_pattern", "
            "full_shard_size", "grid_counts", "grid_keys", "is_codeword", "shard_crc",
            "shard_layout"]
 
-#: CRC-32C of any bytes followed by their own CRC-32C, little-endian (the zarr v3 ``crc32c``
-#: codec's layout): the whole-object checksum of every chunk whose last codec is crc32c.
-CRC32C_RESIDUE = 0x48674BC7
 CRC32C_CODEC = {"name": "crc32c"}
 
 

@@ -153,7 +153,8 @@ _CRC_SAID = {"record": "the record says", "caller": "expected_crc32c says"}
 def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
               require_record: bool, info: ObjectInfo | None = None, *,
               stat_taken: bool = False,
-              body: BinaryIO | None = None) -> tuple[int | None, int | None, str]:
+              body: BinaryIO | None = None
+              ) -> tuple[int | None, int | None, str, int | None]:
     """What the object is checked against, and who says so ("record" or "caller", for
     messages): its record (``info``, ``stat_taken``: as
     `find_record` takes them; ``body``: a reader of ``info``'s version, if one is open),
@@ -178,7 +179,7 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
         if require_record and not given:
             _unrecorded(adapter, path, info if stat_taken else adapter.info(path), body)
         # No record: "recorded with N bytes" would send the reader looking for one.
-        return size, crc32c, "caller"
+        return size, crc32c, "caller", None
     rec = found.record
     for what, want, have in (("size", size, rec.size), ("CRC32C", crc32c, rec.crc32c)):
         if want is not None and want != have:
@@ -187,13 +188,25 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
                 f"{url}: the caller expected {what} {shown(want)}, the object's record "
                 f"(in {found.entry}) says {shown(have)}", url=url, expected=shown(want),
                 found=shown(have))
-    return rec.size, rec.crc32c, "record"
+    return rec.size, rec.crc32c, "record", rec.tail
 
 
 def expected_of(adapter: Adapter, path: str) -> tuple[int | None, int | None]:
     """(size, CRC32C) the object's record gives, (None, None) where it has none."""
-    size, crc, _ = _expected(adapter, path, None, None, False)
+    size, crc, _, _ = _expected(adapter, path, None, None, False)
     return size, crc
+
+
+def _check_tail(url: str, tail: int | None, ending: bytes | bytearray) -> None:
+    """IntegrityError where the record keeps a tail (`ObjectRecord.tail`: the object's
+    CRC32C is the residue) and the object ends otherwise: another chunk of its size, which
+    the CRC32C and the codec's own check both take for the recorded one."""
+    if tail is not None and bytes(ending[-4:]) != tail.to_bytes(4, "big"):
+        raise IntegrityError(
+            f"{url}: ends with {bytes(ending[-4:]).hex()}, the record says "
+            f"{crc_to_hex(tail)} (its CRC32C is the codec's residue either way: another "
+            "chunk of the same size, not the committed one)", url=url,
+            expected=crc_to_hex(tail), found=bytes(ending[-4:]).hex())
 
 
 def missing_error(adapter: Adapter, path: str, url: str, size: int | None,
@@ -267,8 +280,8 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
     first = adapter.capabilities.object_records
     opened = adapter.open_whole(path) if first else None
     try:
-        size, crc, said = _expected(adapter, path, expected_size, expected_crc32c,
-                                    require_record,
+        size, crc, said, tail = _expected(adapter, path, expected_size, expected_crc32c,
+                                          require_record,
                               opened[0] if opened is not None else None, stat_taken=first,
                               body=opened[1] if opened is not None else None)
         if not first:
@@ -293,6 +306,7 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
         raise IntegrityError(f"{where}: CRC32C {crc_to_hex(got)}, "
                              f"{_CRC_SAID[said]} {crc_to_hex(crc)} (corrupt data)", url=where,
                              expected=crc_to_hex(crc), found=crc_to_hex(got))
+    _check_tail(where, tail, data)
     if crc is None:
         # Nothing recorded to catch an error page served as the object (no CRC32C).
         refuse_error_document(where, data)
@@ -317,15 +331,16 @@ def open_verified(url: str, mode: str = "rb", *,
         raise ValueError(f"open_verified reads bytes: mode must be 'rb', got {mode!r}")
     adapter, path = resolve(url, storage_options)
     info = adapter.info(path)  # carries the object's own record, where it has one
-    size, crc, said = _expected(adapter, path, expected_size, expected_crc32c,
-                                require_record, info, stat_taken=True)
+    size, crc, said, tail = _expected(adapter, path, expected_size, expected_crc32c,
+                                      require_record, info, stat_taken=True)
     return open_verified_path(adapter, path, size, crc, info=info, stat_taken=True,
-                              said=said)
+                              said=said, tail=tail)
 
 
 def open_verified_path(adapter: Adapter, path: str, size: int | None,
                        crc32c: int | None, *, info: ObjectInfo | None = None,
-                       stat_taken: bool = False, said: str = "record") -> BinaryIO:
+                       stat_taken: bool = False, said: str = "record",
+                       tail: int | None = None) -> BinaryIO:
     url = adapter.url(path)
     if not stat_taken:
         info = adapter.info(path)
@@ -334,7 +349,7 @@ def open_verified_path(adapter: Adapter, path: str, size: int | None,
     if size is not None and info.size != size:
         raise IntegrityError(f"{url}: {_SIZE_SAID[said]} {size} bytes, the store says {info.size}",
                              url=url, expected=size, found=info.size)
-    raw = VerifiedReader(adapter, path, info, crc32c, said=said)
+    raw = VerifiedReader(adapter, path, info, crc32c, said=said, tail=tail)
     return io.BufferedReader(raw, buffer_size=1024 * 1024)
 
 
@@ -342,9 +357,12 @@ class VerifiedReader(io.RawIOBase):
     """Reads one pinned object version and refuses short, long or corrupt bytes."""
 
     def __init__(self, adapter: Adapter, path: str, info: ObjectInfo,
-                 crc32c: int | None, *, said: str = "record") -> None:
+                 crc32c: int | None, *, said: str = "record",
+                 tail: int | None = None) -> None:
         super().__init__()
         self._said = said
+        self._tail = tail  # the record's, where the CRC32C is the residue
+        self._ending = b""  # the last 4 bytes of [0, _seq.size)
         self._adapter = adapter
         self._path = path
         self._url = adapter.url(path)
@@ -385,15 +403,17 @@ class VerifiedReader(io.RawIOBase):
     def _verify_whole(self) -> None:
         ck = Checksum()
         head = bytearray()
+        ending = b""
         with self._adapter.open_read(self._path, self._info) as f:
             while block := f.read(8 * 1024 * 1024):
                 ck.update(block)
+                ending = (ending + block[-4:])[-4:]
                 if self._sniff:
                     head += block
-        self._check(ck, head)
+        self._check(ck, head, ending)
         self._verified = True
 
-    def _check(self, ck: Checksum, head: bytearray) -> None:
+    def _check(self, ck: Checksum, head: bytearray, ending: bytes) -> None:
         if ck.size != self._size:
             raise IntegrityError(
                 f"{self._url}: {ck.size} bytes arrived, {self._size} expected (a short or "
@@ -403,6 +423,7 @@ class VerifiedReader(io.RawIOBase):
                 f"{self._url}: CRC32C {crc_to_hex(ck.crc)}, {_CRC_SAID[self._said]} "
                 f"{crc_to_hex(self._crc)} (corrupt data)", url=self._url,
                 expected=crc_to_hex(self._crc), found=crc_to_hex(ck.crc))
+        _check_tail(self._url, self._tail, ending)
         if self._sniff:
             refuse_error_document(self._url, head)
 
@@ -428,10 +449,12 @@ class VerifiedReader(io.RawIOBase):
             got += len(chunk)
         if not self._verified and self._pos == self._seq.size:
             self._seq.update(view[:got])
+            self._ending = (self._ending + bytes(view[max(0, got - 4):got]))[-4:]
             if self._sniff:
                 self._head += view[:got]
             if self._seq.size == self._size:
-                self._check(self._seq, self._head)  # raises before these go out
+                # Raises before these go out.
+                self._check(self._seq, self._head, self._ending)
                 self._verified = True
         self._pos += got
         return got

@@ -36,9 +36,16 @@ class Staged:
     can need them before. While deferred, what is held is the whole truth (reads, listings
     and the publish take it from here); ``touched``: a hand-off was tried and failed, so
     staging may hold copies, which are removed at publish and never published.
+
+    ``hidden`` (an update): the documents `WritingStore.hide_metadata` took out of the
+    entry, as they were committed; ``wrote_data``: a chunk write or delete into the entry
+    was tried (or the store went to another process, which may have). While it is False
+    the entry's chunks are the last commit's, and an update given up puts ``hidden`` back
+    (`WritingStore.restore`).
     """
 
-    __slots__ = ("complete", "deferred", "docs", "lock", "published", "touched")
+    __slots__ = ("complete", "deferred", "docs", "hidden", "lock", "published", "touched",
+                 "wrote_data")
 
     def __init__(self, complete: bool, *, deferred: bool = False) -> None:
         self.docs: dict[str, tuple[bytes, str | None]] = {}
@@ -46,6 +53,8 @@ class Staged:
         self.deferred = deferred and complete
         self.touched = False
         self.published: set[str] = set()  # put create-only into the entry by this write
+        self.hidden: dict[str, bytes] = {}
+        self.wrote_data = False
         # A pickling thread flushing the held documents must not miss one zarr's event
         # loop holds meanwhile (it would be in no process's staging).
         self.lock = threading.Lock()

@@ -53,7 +53,7 @@ from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter
 from durable._errors import AlreadyCompleteError
 from durable._fragments import FragmentRecorder
-from durable._protocol import MARKER_NAME
+from durable._protocol import MARKER_NAME, ObjectRecord
 from durable._zarr_reading import get_whole, inner_store
 from durable._zarr_staged import Staged, put, tag
 from durable.adapters import ObjectInfo
@@ -86,7 +86,7 @@ def _publish_tier(key: str) -> tuple[int, int]:
 
 
 class Recorder(Protocol):
-    def record(self, key: str, size: int, crc32c: int) -> None: ...
+    def record(self, key: str, size: int, crc32c: int, *, tail: int | None = None) -> None: ...
 
     def forget(self, key: str) -> None: ...
 
@@ -211,11 +211,13 @@ def flush_workers() -> None:
         return
 
 
-async def _crc(value: Buffer) -> tuple[int, int]:
+async def _record_of(value: Buffer) -> ObjectRecord:
+    """The bytes' record, from the bytes zarr hands over (a chunk the crc32c codec ended
+    with its checksum keeps that checksum: its whole CRC32C is the same for every chunk)."""
     view = memoryview(value.as_buffer_like()).cast("B")
     if view.nbytes > _CRC_INLINE:
-        return view.nbytes, await asyncio.to_thread(crc32c, view)
-    return view.nbytes, crc32c(view)
+        return ObjectRecord.of(view.nbytes, await asyncio.to_thread(crc32c, view), view)
+    return ObjectRecord.of(view.nbytes, crc32c(view), view)
 
 
 async def _keys(keys: Iterable[str]) -> AsyncIterator[str]:
@@ -279,6 +281,7 @@ class WritingStore(WrapperStore[Store]):
             entry = Entry(self._url, storage_options=self._storage_options)
             self._staged.hand_off(f"{entry.layout.records}/{STAGING}", entry.adapter)
         self._staged.complete = False
+        self._staged.wrote_data = True  # the other process may write chunks: no restore
         return {"url": self._url, "attempt": self._attempt, "read_only": self.read_only,
                 "storage_options": self._storage_options}
 
@@ -335,11 +338,12 @@ class WritingStore(WrapperStore[Store]):
             with _writing_for(self._attempt, self._url):
                 await self._stage(key, value.to_bytes())
             return
-        size, crc = await _crc(value)
+        rec = await _record_of(value)
         with _writing_for(self._attempt, self._url):
+            self._staged.wrote_data = True  # before: a failed set may have landed
             await self._store.set(key, value)
         # Recorded only once the store accepted the bytes: a failed set records nothing.
-        self._recorder.record(key, size, crc)
+        self._recorder.record(key, rec.size, rec.crc32c, tail=rec.tail)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         if not await self.exists(key):
@@ -356,12 +360,14 @@ class WritingStore(WrapperStore[Store]):
             if is_metadata(key) and self._staged.forget(key):
                 with self._staging_changes(key):
                     await self._staging.delete(key)
+            self._staged.wrote_data = True
             await self._store.delete(key)
         self._recorder.forget(key)
 
     async def delete_dir(self, prefix: str) -> None:
         self._check_open()
         keys = [k async for k in self._store.list_prefix(prefix)]
+        self._staged.wrote_data = True
         await self._store.delete_dir(prefix)
         if self._staged.forget(prefix):
             with self._staging_changes(prefix):
@@ -606,7 +612,7 @@ class WritingStore(WrapperStore[Store]):
             if data is None or key in self._staged.published:
                 return  # gone since it was listed (a racing writer published it), or
                 # published by an earlier call of publish
-            size, crc = await _crc(proto.buffer.from_bytes(data))
+            rec = await _record_of(proto.buffer.from_bytes(data))
             if exclusive:
                 try:
                     await asyncio.to_thread(entry.adapter.put, f"{entry.path}/{key}", data,
@@ -619,8 +625,8 @@ class WritingStore(WrapperStore[Store]):
                 self._staged.published.add(key)
             else:
                 await put(self._store, key, data)
-            self._recorder.record(key, size, crc)
-            published[key] = ObjectInfo(f"{entry.path}/{key}", size)
+            self._recorder.record(key, rec.size, rec.crc32c, tail=rec.tail)
+            published[key] = ObjectInfo(f"{entry.path}/{key}", rec.size)
 
         for tier in sorted(tiers):
             # One tier at a time: a node's document appears only after its children's.
@@ -646,11 +652,44 @@ class WritingStore(WrapperStore[Store]):
             if await get_whole(self._staging, key, proto) is None:
                 buf = await get_whole(self._store, key, proto)
                 if buf is not None:
+                    self._staged.hidden[key] = buf.to_bytes()
                     await self._stage(key, buf.to_bytes())
         # Root first: the whole hierarchy disappears for plain readers at the first delete.
         for key in sorted(keys, key=_publish_tier, reverse=True):
             await self._store.delete(key)
             self._recorder.forget(key)
+
+    def restore(self, writer: EntryWriter, refused: Exception) -> bool:
+        """Give up an update that wrote no chunk (it failed with ``refused``): the
+        documents it hid go back into the entry (recorded), its staged ones are dropped,
+        and the writer's commit then makes the last commit again. Whether it did: False
+        (nothing done) once a chunk write or delete was tried or the store left this
+        process, or if a hidden document is not the bytes the last commit recorded; False
+        too if putting them back fails, said in a note on ``refused``."""
+        try:
+            return self._restore(writer)
+        except Exception as failed:
+            refused.add_note(f"{self._url}: the update wrote no chunk, but putting its "
+                             f"metadata back failed ({failed!r}): the entry is INCOMPLETE")
+            return False
+
+    def _restore(self, writer: EntryWriter) -> bool:
+        held = self._staged
+        if held.wrote_data or not held.hidden:
+            return False
+        base = writer._baseline
+        if any(key not in base
+               or not base[key][0].matches(ObjectRecord.of(len(data), crc32c(data), data))
+               for key, data in held.hidden.items()):
+            return False
+        entry = Entry(self._url, storage_options=self._storage_options)
+        # Staging first: a document staged by the given-up update is never published.
+        entry.adapter.delete_prefix(f"{entry.layout.records}/{STAGING}")
+        for key in sorted(held.hidden, key=_publish_tier):  # the root last, as published
+            data = held.hidden[key]
+            sync(put(self._store, key, data))
+            self._recorder.record(key, len(data), crc32c(data))
+        return True
 
 
 @contextlib.contextmanager

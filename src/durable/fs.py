@@ -362,15 +362,15 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         url = self.unstrip_protocol(path)
         info = adapter.info(path)
         found = find_record(adapter, path, info, stat_taken=True)
-        size = crc = None
+        size = crc = tail = None
         if found is not None:
-            size, crc = found.record.size, found.record.crc32c
+            size, crc, tail = found.record.size, found.record.crc32c, found.record.tail
         if info is None:
             raise missing_error(adapter, path, url, size)
         if size is not None and info.size != size:
             raise IntegrityError(f"{url}: recorded with {size} bytes, the store says "
                                  f"{info.size}", url=url, expected=size, found=info.size)
-        raw = VerifiedReader(adapter, path, info, crc)
+        raw = VerifiedReader(adapter, path, info, crc, tail=tail)
         return DurableReadFile(raw, fs=self, path=path, size=info.size)
 
     def get_file(self, rpath: str, lpath: Any, callback: Any = DEFAULT_CALLBACK,

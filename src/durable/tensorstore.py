@@ -41,9 +41,12 @@ every read. Opt out with ``checksum_codec=False``. An object that ends with the 
 the bytes before it has a whole-object CRC32C that is always ``0x48674bc7`` (the CRC-32C
 residue), so the manifest records such chunks from the listing's sizes alone, without
 reading anything back: a chunk damaged before the commit then fails deep verification
-instead of being blessed by a checksum of the damaged bytes. A new array's zarr.json is
-put by the writer itself (create-only) and recorded as it is written; other objects
-(metadata rewritten since, shards, chunks without the codec) are read back once at commit.
+instead of being blessed by a checksum of the damaged bytes. Chunks `write` encodes
+itself (`_stream`) also keep their last 4 bytes in the record (`ObjectRecord.tail`, the
+chunk's own checksum), so another chunk of the same size put over one is caught too. A
+new array's zarr.json is put by the writer itself (create-only) and recorded as it is
+written; other objects (metadata rewritten since, shards, chunks without the codec) are
+read back once at commit.
 
 ``memory://`` URLs name tensorstore's in-memory kvstore (one per process, shared by every
 call here), not fsspec's memory filesystem, which tensorstore cannot reach; use
@@ -71,7 +74,7 @@ from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter, Problem
 from durable._errors import IncompleteError, IntegrityError, MarkerError
 from durable._lease import Lease
-from durable._protocol import MAX_MARKER_BYTES, Marker, State
+from durable._protocol import MAX_MARKER_BYTES, Marker, ObjectRecord, State
 from durable._tensorstore_codecs import (
     CRC32C_RESIDUE,
     array_metadata,
@@ -289,8 +292,11 @@ class TensorStoreWriter:
                         continue
                     body = mem.read(key).result().value
                     name = key.decode()
-                    self._writer.record(name, len(body), CRC32C_RESIDUE if residue and
-                                        len(body) >= 4 else crc32c(body))
+                    # The codec's residue, unread; the chunk's own checksum (its last 4
+                    # bytes) tells it from another chunk of its size at deep verify.
+                    rec = ObjectRecord.of(len(body), CRC32C_RESIDUE if residue and
+                                          len(body) >= 4 else crc32c(body), body)
+                    self._writer.record(name, rec.size, rec.crc32c, tail=rec.tail)
                     self._sent.add(name)
                     sent.append((name, store.write(key, body)))
                     mem.write(key, None).result()

@@ -20,6 +20,7 @@ import warnings
 from typing import Any, Literal
 
 import xarray as xr
+import zarr
 
 from durable._entry import Entry
 from durable._lease import Lease
@@ -87,12 +88,46 @@ def to_zarr(ds: xr.Dataset, url: str, *, storage_options: dict[str, Any] | None 
                   stage="eager" if resume or update else "on_handoff", sole_writer=True,
                   lease=lease) as store, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_V3_CONSOLIDATED_WARNING)
+        if update and xarray_kwargs.get("append_dim") is not None:
+            _refuse_uneven_append(store, ds, str(xarray_kwargs["append_dim"]), url,
+                                  xarray_kwargs.get("group"))
         ds.to_zarr(store, mode=mode, consolidated=consolidated, **xarray_kwargs)
         if (update or resume) and not consolidated:
             # xarray leaves a format 2 root's .zmetadata as it was: stale shapes for
             # every reader of an entry consolidated before.
             _reconsolidate(store)
     return entry
+
+
+def _refuse_uneven_append(store: Any, ds: xr.Dataset, dim: str, url: str,
+                          group: str | None) -> None:
+    """ValueError, before anything is written, for an append along ``dim`` that leaves
+    the dataset's variables along it at two lengths: xarray appends to the variables it
+    is given and creates new ones at the appended length alone, and the result, committed,
+    opens nowhere ("conflicting sizes for dimension"). Refused inside the update, which
+    is then given up with the last commit as it was."""
+    try:
+        node = zarr.open_group(store, mode="r", path=group or "")
+    except FileNotFoundError:
+        return  # nothing there yet: xarray writes the dataset whole
+    stored = set()
+    for name, array in node.arrays():
+        dims = (array.metadata.dimension_names if array.metadata.zarr_format == 3
+                else array.attrs.get("_ARRAY_DIMENSIONS"))
+        if isinstance(dims, list | tuple) and dim in dims:
+            stored.add(name)
+    given = {str(name) for name, var in ds.variables.items() if dim in var.dims}
+    if not stored or stored == given:
+        return  # a dimension the entry lacks: xarray's own error names it
+    missing, new = sorted(stored - given), sorted(given - stored)
+    raise ValueError(
+        f"{url}: appending along {dim!r} would leave its variables at two lengths, and "
+        "the committed dataset would not open (conflicting sizes for dimension "
+        f"{dim!r}): " + "; ".join(
+            part for part in (missing and f"{missing} not in the appended dataset",
+                              new and f"{new} not in the entry") if part)
+        + ". Append every variable along it, and add new ones with mode='a' and no "
+        "append_dim first")
 
 
 def open_zarr(url: str, *, storage_options: dict[str, Any] | None = None,

@@ -1,7 +1,9 @@
 """zarr-python 3 entries that no reader can take for complete before they are, read verified.
 
 Writing (`writing`, `write`): every chunk goes through a `WritingStore`, which records its
-size and CRC32C from the bytes zarr hands over (no second read). The metadata documents
+size and CRC32C from the bytes zarr hands over (no second read), and for a chunk ending in
+the crc32c codec's checksum that checksum too (`ObjectRecord.tail`: every such chunk has
+the same whole CRC32C). The metadata documents
 (``zarr.json``; ``.zarray``, ``.zgroup``, ``.zattrs``, ``.zmetadata``) are *held back* in a
 staging area beside the entry (``PARENT/.durable/NAME/staged``), or (`write`,
 ``stage="on_handoff"``) in the writer's memory until the store goes to another process,
@@ -55,7 +57,9 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     ``resume``, ``update`` and ``lease`` (a `durable.Lease` held on the entry, which keeps
     every other writer out) are those of `Entry.writing`: ``update=True`` changes a
     COMPLETE entry in place (append, resize), its metadata hidden from plain readers
-    until the new commit. ``unrecorded="error"`` refuses to commit chunks that no
+    until the new commit; an update whose block raises before any chunk is written or
+    deleted is given up and the last commit made again (the entry stays COMPLETE as it
+    was). ``unrecorded="error"`` refuses to commit chunks that no
     process recorded (instead of reading them back).
 
     ``stage``: when the held-back metadata goes to the staging area beside the entry.
@@ -117,12 +121,36 @@ def _writing(url: str, *, storage_options: dict[str, Any] | None, overwrite: boo
         raise ValueError("stage='on_handoff' is for fresh writes: a resumed or updated "
                          "write reads the metadata staged or published before it")
     entry = Entry(url, storage_options=storage_options)
-    with entry.writing(overwrite=overwrite, resume=resume, update=update,
-                       unrecorded=unrecorded, lease=lease) as writer, coordinating(
-            entry, writer, storage_options=storage_options, hide=resume or update,
-            fresh=not (resume or update), deferred=stage == "on_handoff",
-            sole_writer=sole_writer) as store:
-        yield store
+    given_up: Exception | None = None
+    try:
+        with entry.writing(overwrite=overwrite, resume=resume, update=update,
+                           unrecorded=unrecorded, lease=lease) as writer:
+            stores: list[WritingStore] = []
+            try:
+                with coordinating(entry, writer, storage_options=storage_options,
+                                  hide=resume or update, fresh=not (resume or update),
+                                  deferred=stage == "on_handoff",
+                                  sole_writer=sole_writer) as store:
+                    stores.append(store)
+                    yield store
+            except Exception as exc:
+                # An update refused before it wrote a chunk (xarray's append of a
+                # variable of another shape, zarr's append along a missing axis): the
+                # entry's chunks are the last commit's, so that commit is made again
+                # rather than left INCOMPLETE for overwrite=True alone to get out of.
+                if not (update and stores and stores[0].restore(writer, exc)):
+                    raise
+                given_up = exc
+    except Exception as failed:
+        if given_up is None:
+            raise
+        given_up.add_note(f"{url}: the update wrote no chunk, but committing the entry "
+                          f"as it was failed too ({failed!r}): it is INCOMPLETE")
+        raise given_up from failed
+    if given_up is not None:
+        given_up.add_note(f"{url}: the update wrote no chunk and was given up: the entry "
+                          "is COMPLETE as last committed")
+        raise given_up
 
 
 def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "auto",
