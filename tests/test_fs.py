@@ -287,6 +287,24 @@ def test_text_mode_round_trip(place: Place) -> None:
         assert f.read() == "grüße\n" * 1000
 
 
+def test_text_mode_tells_and_writes_as_a_plain_file(place: Place, tmp_path: Path) -> None:
+    """fs.open(..., "w") and an entry writer's text files: tell() raised "underlying stream
+    is not seekable", and utf-16 went out with no BOM (other bytes than a plain file)."""
+    plain = tmp_path / "plain.txt"
+    plain.write_text("grüße", encoding="utf-16")
+    fs, path = fsspec.url_to_fs(place.url("t.txt"), **place.so)
+    with fs.open(path, "w", encoding="utf-16") as f:
+        f.write("grüße")
+        assert f.tell() == plain.stat().st_size
+    entry = durable.Entry(place.inner.unstrip_protocol(place.path("e")),
+                          storage_options=place.inner_options)
+    with entry.writing() as w, w.fs.open(f"{w.path}/t.txt", "w", encoding="utf-16") as g:
+        g.write("grüße")
+        assert g.tell() == plain.stat().st_size
+    assert place.inner.cat_file(path) == plain.read_bytes()
+    assert place.inner.cat_file(place.path("e/t.txt")) == plain.read_bytes()
+
+
 def test_pipe_put_copy_move_touch_are_recorded(place: Place, tmp_path: Path) -> None:
     fs, root = fsspec.url_to_fs(place.url("ops"), **place.so)
     fs.pipe_file(f"{root}/piped", b"piped bytes")

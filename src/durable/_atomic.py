@@ -11,7 +11,7 @@ from typing import IO, Any
 
 from durable._errors import IntegrityError
 from durable._protocol import Layout, Manifest, Marker, ObjectRecord, new_attempt_id
-from durable._recording import TextAtomicWriter
+from durable._recording import GrowingBuffer, TextAtomicWriter
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
 from durable.adapters.base import VerifyLevel, VersionMismatchError
 
@@ -74,7 +74,7 @@ def atomic_write(
             layout = None  # no parent to hold records: none to remove either
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
-    buffered = io.BufferedWriter(raw, buffer_size=_BUFFER)
+    buffered = (io.BufferedWriter if "b" in mode else GrowingBuffer)(raw, buffer_size=_BUFFER)
     handle: IO[Any]
     if "b" in mode:
         handle = buffered

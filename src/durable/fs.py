@@ -67,6 +67,7 @@ from fsspec.utils import isfilelike, stringify_path
 from durable._atomic import publish
 from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import RECORDS_DIR, Layout
+from durable._recording import TextAtomicWriter, stay_put
 from durable._verified import VerifiedReader, find_record, missing_error
 from durable.adapters import adapter_for_fs, refuse_ambiguous
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
@@ -109,6 +110,8 @@ class DurableWriteFile(io.BufferedIOBase):
         self._exc_at_open = sys.exc_info()[1]
         self._failed = False
         self._buf = bytearray()
+        # Under a text wrapper: seekable, in place only (`GrowingBuffer`'s reason).
+        self.under_text = False
         self._raw: AtomicFile = fs.adapter.open_atomic(path, create_only=create_only)
 
     @property
@@ -120,6 +123,14 @@ class DurableWriteFile(io.BufferedIOBase):
 
     def tell(self) -> int:
         return self._raw.tell() + len(self._buf)
+
+    def seekable(self) -> bool:
+        return self.under_text
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if not self.under_text:
+            return super().seek(offset, whence)
+        return stay_put(self.tell(), offset, whence, self.fs.unstrip_protocol(self.path))
 
     def write(self, data: Any) -> int:
         if self.closed:
@@ -210,7 +221,7 @@ class DurableWriteFile(io.BufferedIOBase):
                 self._raw.abort()
 
 
-class _TextWriter(io.TextIOWrapper):
+class _TextWriter(TextAtomicWriter):
     """Text over a DurableWriteFile, with the same exit and garbage-collection rules."""
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -296,6 +307,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         text = {k: kwargs.pop(k) for k in ("encoding", "errors", "newline") if k in kwargs}
         binary = self.open(path, mode.replace("t", "") + "b", compression=compression,
                            **kwargs)
+        binary.under_text = True
         return _TextWriter(binary, **text)
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None,
