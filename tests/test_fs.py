@@ -612,6 +612,91 @@ def test_rm_that_does_not_remove_an_entry_leaves_it_complete(place: Place) -> No
     assert e.state() is durable.State.ABSENT
 
 
+def _committed(place: Place, name: str, objects: dict[str, bytes]) -> durable.Entry:
+    e = durable.Entry(place.inner.unstrip_protocol(place.path(name)),
+                      storage_options=place.inner_options)
+    with e.writing() as w:
+        for key, data in objects.items():
+            w.write_bytes(key, data)
+    return e
+
+
+def test_a_committed_entry_is_read_only_through_durable_fs(place: Place,
+                                                           tmp_path: Path) -> None:
+    """Writes and removals of objects inside a COMPLETE entry went through and left its
+    marker in place: COMPLETE over other bytes, over objects gone, or beside objects it
+    never listed (served, each with a single-object record of its own)."""
+    e = _committed(place, "e", {"a": b"1", "sub/b": b"22"})
+    fs, root = fsspec.url_to_fs(place.url(""), **place.so)
+    root = root.rstrip("/")
+    local = tmp_path / "up.bin"
+    local.write_bytes(b"3")
+    fs.pipe_file(f"{root}/outside", b"4")
+    before = place.objects()
+    for call in (lambda: fs.pipe_file(f"{root}/e/a", b"9"),
+                 lambda: fs.pipe_file(f"{root}/e/new", b"new"),
+                 lambda: fs.open(f"{root}/e/sub/c", "wb"),
+                 lambda: fs.open(f"{root}/e/sub/c", "w"),
+                 lambda: fs.put_file(str(local), f"{root}/e/up"),
+                 lambda: fs.cp_file(f"{root}/outside", f"{root}/e/copied"),
+                 lambda: fs.touch(f"{root}/e/a", truncate=False),
+                 lambda: fs.rm(f"{root}/e/a"),
+                 lambda: fs.rm_file(f"{root}/e/sub/b"),
+                 lambda: fs.rm(f"{root}/e/sub", recursive=True),
+                 lambda: fs.mv(f"{root}/e/a", f"{root}/moved")):
+        with pytest.raises(durable.EntryExistsError) as info:
+            call()
+        assert f"inside the committed entry {e.url}" in str(info.value)
+        assert place.objects() == before
+    with contextlib.suppress(OSError):
+        # The entry's own path: on a disk a directory is in the way; elsewhere the write
+        # took the entry's marker first.
+        fs.pipe_file(f"{root}/e", b"object")
+    assert e.state() is durable.State.COMPLETE and e.verify(deep=True).ok
+    fs.rm(f"{root}/e", recursive=True)  # whole, it goes (its marker first)
+    assert e.state() is durable.State.ABSENT
+
+
+def test_a_committed_entry_copies_and_moves_as_a_committed_entry(place: Place) -> None:
+    """cp/mv -r of a COMPLETE entry copied object by object: the copy had no marker
+    (INCOMPLETE, each object a single-object entry), the records inside it (a nested
+    entry's marker) were hidden from the listing and not copied, and a folder inside it
+    stopped the copy ("not in the manifest")."""
+    e = durable.Entry(place.inner.unstrip_protocol(place.path("e")),
+                      storage_options=place.inner_options)
+    with e.writing() as w:
+        w.write_bytes("a", b"1")
+        w.write_bytes("sub/b", b"22")
+        _committed(place, "e/inner", {"x": b"333"})
+    fs, root = fsspec.url_to_fs(place.url(""), **place.so)
+    root = root.rstrip("/")
+    marker = e.read_marker()
+    assert marker is not None and marker.manifest is not None
+    fs.cp(f"{root}/e", f"{root}/copy", recursive=True)
+    fs.mv(f"{root}/e", f"{root}/moved", recursive=True)
+    assert e.state() is durable.State.ABSENT
+    for name in ("copy", "moved"):
+        twin = durable.Entry(place.inner.unstrip_protocol(place.path(name)),
+                             storage_options=place.inner_options)
+        assert twin.state() is durable.State.COMPLETE and twin.verify(deep=True).ok
+        copied = twin.read_marker()
+        assert copied is not None and copied.manifest == marker.manifest
+        inner = durable.Entry(f"{twin.url}/inner", storage_options=place.inner_options)
+        assert inner.state() is durable.State.COMPLETE
+
+    # A source whose bytes are not what its manifest says: no copy at all.
+    bad = bytearray(place.inner.cat_file(place.path("copy/sub/b")))
+    bad[0] ^= 1
+    place.rewrite("copy/sub/b", bytes(bad))
+    with pytest.raises(IntegrityError, match="CRC32C"):
+        fs.cp(f"{root}/copy", f"{root}/from-bad", recursive=True)
+    assert not any("from-bad" in p for p in place.objects())
+    # Nor over an entry already there (cp into an existing folder copies into it: the
+    # copy would be inside a committed entry).
+    with pytest.raises(durable.EntryExistsError):
+        fs.cp(f"{root}/moved", f"{root}/copy", recursive=True)
+
+
 def test_rm_of_an_entry_removes_all_its_records(place: Place) -> None:
     entry = durable.Entry(place.inner.unstrip_protocol(place.path("e")),
                           storage_options=place.inner_options)

@@ -22,6 +22,7 @@ from durable._checksum import Checksum, crc_to_hex
 from durable._errors import (
     AlreadyCompleteError,
     DurableError,
+    EntryExistsError,
     IncompleteError,
     IncompleteExistsError,
     IntegrityError,
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from durable._lease import Lease
 
 __all__ = ["OPENED_FIRST", "Entry", "EntryWriter", "Problem", "Status", "VerifyReport",
-           "delete_tree", "nearest_marked"]
+           "committed_above", "delete_tree", "nearest_marked", "refuse_inside_committed"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -445,6 +446,8 @@ class Entry:
         but uncommitted `durable` writer is refused unless ``force=True``.
         """
         self.layout.refuse_inside_records()
+        # Its marker would be a new object in the data of the committed entry around it.
+        refuse_inside_committed(self.adapter, self.path, "adopting this entry")
         st = self.status()
         if st.state is State.COMPLETE:
             raise AlreadyCompleteError(f"{self.url} is already COMPLETE", url=self.url)
@@ -504,6 +507,8 @@ class Entry:
           re-read), and the entry is INCOMPLETE until the new commit. An ABSENT entry is
           written as usual; an INCOMPLETE one is IncompleteExistsError (a rerun of a
           killed append, taken as a resume, would append after what it had added).
+        - Inside a committed entry (a path under a directory or prefix with a commit
+          marker): EntryExistsError naming both; this entry would change that one's data.
         - ``unrecorded``: objects that appear in the entry without passing through the
           writer (written with another tool into ``writer.path``) are read and
           checksummed at commit ("adopt"), or refused ("error").
@@ -519,6 +524,9 @@ class Entry:
         expires); an expired lease is removed (`durable._lease.refuse_live_lease`).
         """
         self.layout.refuse_inside_records()
+        # Nested in a committed entry, this one's objects and records would land in that
+        # entry's data, which its marker (still there) says is whole and unchanged.
+        refuse_inside_committed(self.adapter, self.path, "writing this entry")
         chosen = [n for n, v in (("overwrite", overwrite), ("resume", resume),
                                  ("update", update)) if v]
         if len(chosen) > 1:
@@ -1137,6 +1145,53 @@ def delete_tree(adapter: Adapter, path: str, keys: list[str] | None = None) -> N
     if first:
         adapter.delete(first)
     adapter.delete_prefix(path)
+
+
+def committed_above(adapter: Adapter, path: str) -> Entry | None:
+    """The nearest entry strictly above ``path`` committed as a directory or prefix (a
+    marker of kind "prefix"), whose data ``path`` is part of; None if there is none up to
+    the root. Single-object entries on the way (a recorded object of such an entry) are
+    passed over. MarkerError for a marker on the way, before any such entry, that cannot
+    be trusted. On a store across a network every level is asked at once: one round trip
+    (a write pays it before its first byte), not one per level."""
+    levels = []
+    root = path.rstrip("/").rpartition("/")[0]
+    # Not the bucket (or file system root) itself, and never a records directory.
+    while "/" in root.strip("/") and root.rpartition("/")[2] != RECORDS_DIR:
+        levels.append(Entry(root, adapter=adapter))
+        root = root.rpartition("/")[0]
+
+    def read(entry: Entry) -> Marker | MarkerError | None:
+        try:
+            return entry._read_sidecar()
+        except MarkerError as exc:
+            return exc
+
+    found: Iterable[Marker | MarkerError | None] = map(read, levels)  # lazy: nearest first
+    if len(levels) > 1 and not set(adapter.protocols) & _IN_PROCESS:
+        with ThreadPoolExecutor(min(len(levels), _WORKERS)) as pool:
+            found = list(pool.map(read, levels))
+    for entry, marker in zip(levels, found, strict=True):
+        if isinstance(marker, MarkerError):
+            raise marker
+        if marker is not None and marker.kind == "prefix":
+            return entry
+    return None
+
+
+def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
+    """EntryExistsError, naming both, if ``path`` lies inside a committed entry: ``doing``
+    (writing, removing) there would change data its marker still vouches for, and the
+    entry would say COMPLETE over other bytes, or over objects gone."""
+    holder = committed_above(adapter, path)
+    if holder is None:
+        return
+    url = adapter.url(path.rstrip("/"))
+    raise EntryExistsError(
+        f"{url}: {doing} refused: it lies inside the committed entry {holder.url}, whose "
+        "marker still vouches for what it holds (it would stay COMPLETE over other data). "
+        f"Change that entry with durable.Entry({holder.url!r}).writing(update=True), "
+        "rewrite it with overwrite=True, or delete it first", url=url)
 
 
 def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | None:
