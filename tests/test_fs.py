@@ -16,6 +16,7 @@ request log that parts went out before the failure, and that the upload was abor
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import importlib.metadata
@@ -557,6 +558,54 @@ def test_unrecorded_objects_are_read_length_checked(place: Place) -> None:
     assert fs.cat_file(path, start=-10) == data[-10:]
     with pytest.raises(FileNotFoundError):
         fs.cat_file(path + "-missing")
+
+
+def _count_marker_calls(monkeypatch: pytest.MonkeyPatch, adapter: Any) -> collections.Counter[str]:
+    """Calls of the adapter on commit markers, by kind: "stat" (info) or "read" (anything
+    that reads a marker's bytes). Counted around the real methods, which still run."""
+    counts: collections.Counter[str] = collections.Counter()
+    for name in ("info", "read", "open_whole", "open_read"):
+        real = getattr(type(adapter), name)
+
+        def counting(self: Any, path: str, *args: Any, _real: Any = real,
+                     _kind: str = "stat" if name == "info" else "read", **kw: Any) -> Any:
+            if path.endswith("/commit.json"):
+                counts[_kind] += 1
+            return _real(self, path, *args, **kw)
+
+        monkeypatch.setattr(type(adapter), name, counting)
+    return counts
+
+
+def test_zarr_through_durable_reads_each_marker_once_per_commit(
+        place: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    """zarr.open_array("durable::...") of a committed array failed at once (zarr's look for
+    a .zarray, absent and not in the manifest, was an IntegrityError, not "not found"),
+    and every object read its record from scratch: a marker read per folder from the
+    chunk up to the entry (4 per chunk here: 64 for 16 chunks). Now the entry's marker
+    is read once and revalidated by one stat per object; a rewrite is read again."""
+    import zarr
+
+    import durable.zarr as dz
+
+    data = np.arange(64 * 64, dtype="f4").reshape(64, 64)
+    data[:16, :16] = 0  # a chunk of fill values: never written, read as "not found"
+    url = place.inner.unstrip_protocol(place.path("x.zarr"))
+    dz.write(url, data, chunks=(16, 16), storage_options=place.inner_options)
+    fs, _ = fsspec.url_to_fs(place.url("x.zarr"), **place.so)
+    counts = _count_marker_calls(monkeypatch, fs.adapter)
+    arr = zarr.open_array(place.url("x.zarr"), mode="r", storage_options=place.so)
+    np.testing.assert_array_equal(arr[:], data)
+    counts.clear()
+    np.testing.assert_array_equal(arr[:], data)  # 15 chunks written, 1 not
+    assert counts["read"] == 0, counts
+    assert counts["stat"] <= 16, counts  # one per object at most: the revalidation
+
+    # Committed again with other data: read again, never checked against the old record.
+    dz.write(url, data + 1, chunks=(16, 16), storage_options=place.inner_options,
+             overwrite=True)
+    again = zarr.open_array(place.url("x.zarr"), mode="r", storage_options=place.so)
+    np.testing.assert_array_equal(again[:], data + 1)
 
 
 # -- listings and removal ----------------------------------------------------------------------

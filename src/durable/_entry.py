@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from durable._lease import Lease
 
 __all__ = ["OPENED_FIRST", "Entry", "EntryWriter", "Problem", "Status", "VerifyReport",
-           "committed_above", "delete_tree", "nearest_marked", "refuse_inside_committed"]
+           "committed_above", "delete_tree", "levels", "nearest_marked",
+           "refuse_inside_committed"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -1154,12 +1155,7 @@ def committed_above(adapter: Adapter, path: str) -> Entry | None:
     passed over. MarkerError for a marker on the way, before any such entry, that cannot
     be trusted. On a store across a network every level is asked at once: one round trip
     (a write pays it before its first byte), not one per level."""
-    levels = []
-    root = path.rstrip("/").rpartition("/")[0]
-    # Not the bucket (or file system root) itself, and never a records directory.
-    while "/" in root.strip("/") and root.rpartition("/")[2] != RECORDS_DIR:
-        levels.append(Entry(root, adapter=adapter))
-        root = root.rpartition("/")[0]
+    above = [Entry(root, adapter=adapter) for root, _ in levels(path)][1:]
 
     def read(entry: Entry) -> Marker | MarkerError | None:
         try:
@@ -1167,11 +1163,11 @@ def committed_above(adapter: Adapter, path: str) -> Entry | None:
         except MarkerError as exc:
             return exc
 
-    found: Iterable[Marker | MarkerError | None] = map(read, levels)  # lazy: nearest first
-    if len(levels) > 1 and not set(adapter.protocols) & _IN_PROCESS:
-        with ThreadPoolExecutor(min(len(levels), _WORKERS)) as pool:
-            found = list(pool.map(read, levels))
-    for entry, marker in zip(levels, found, strict=True):
+    found: Iterable[Marker | MarkerError | None] = map(read, above)  # lazy: nearest first
+    if len(above) > 1 and not set(adapter.protocols) & _IN_PROCESS:
+        with ThreadPoolExecutor(min(len(above), _WORKERS)) as pool:
+            found = list(pool.map(read, above))
+    for entry, marker in zip(above, found, strict=True):
         if isinstance(marker, MarkerError):
             raise marker
         if marker is not None and marker.kind == "prefix":
@@ -1194,19 +1190,25 @@ def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
         "rewrite it with overwrite=True, or delete it first", url=url)
 
 
+def levels(path: str) -> Iterator[tuple[str, str]]:
+    """(entry path, ``path``'s key in it) for ``path`` and each folder above it, nearest
+    first: where a marker could make an entry of it. Not the bucket (or file system root)
+    itself, and never a records directory."""
+    root, key = path.rstrip("/"), ""
+    while "/" in root.strip("/") and root.rpartition("/")[2] != RECORDS_DIR:
+        yield root, key
+        root, _, name = root.rpartition("/")
+        key = f"{name}/{key}" if key else name
+
+
 def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | None:
     """The nearest entry at or above ``path`` with a commit marker beside it, that marker,
     and ``path``'s key inside the entry ("" for the entry itself); None if there is none
     up to the bucket or the file system's root (one marker read per level: no limit, since
     writers take keys of any depth). MarkerError for a marker that cannot be trusted."""
-    root, key = path.rstrip("/"), ""
-    while True:
-        # Not the bucket (or file system root) itself, and never a records directory.
-        if "/" not in root.strip("/") or root.rpartition("/")[2] == RECORDS_DIR:
-            return None
+    for root, key in levels(path):
         entry = Entry(root, adapter=adapter)
         marker = entry._read_sidecar()
         if marker is not None:
             return entry, marker, key
-        root, _, name = root.rpartition("/")
-        key = f"{name}/{key}" if key else name
+    return None

@@ -39,8 +39,10 @@ What it guarantees, per object:
   against the size the store declares otherwise: a short or corrupt body is an
   IntegrityError, never data, and so is an object store's error document (at most 64 KiB,
   `durable._verified.error_document`) served as an unrecorded object, or as a recorded one
-  whose record it hides. ``get_file`` (what ``simplecache::durable::`` copies with) puts
-  the copy in place only once every byte passed: a refused body leaves no local file.
+  whose record it hides. An entry's marker is read once per commit (`RecordCache`:
+  kept, revalidated by one stat of its version before each use). ``get_file`` (what
+  ``simplecache::durable::`` copies with) puts the copy in place only once every byte
+  passed: a refused body leaves no local file.
 - **Out of sight, out of the way.** Listings (``ls``, ``find``, ``glob``, ``walk``) hide
   the ``.durable`` record directories and local temp files; ``rm`` removes an object's
   record with it (the marker first).
@@ -74,8 +76,9 @@ from durable._atomic import publish
 from durable._entry import Entry, refuse_inside_committed
 from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import RECORDS_DIR, Layout, Marker
+from durable._record_cache import RecordCache
 from durable._recording import TextAtomicWriter, stay_put
-from durable._verified import VerifiedReader, find_record, missing_error, open_verified_path
+from durable._verified import VerifiedReader, missing_error, open_verified_path
 from durable.adapters import adapter_for_fs, refuse_ambiguous
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
 from durable.adapters.local import TMP_MARK, LocalAdapter
@@ -270,7 +273,13 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def __init__(self, fo: str | None = None, *, target_protocol: str | None = None,
                  target_options: dict[str, Any] | None = None, fs: Any = None,
-                 verify: VerifyLevel | None = None, **inner_options: Any) -> None:
+                 verify: VerifyLevel | None = None, asynchronous: bool = False,
+                 **inner_options: Any) -> None:
+        # ``asynchronous``: zarr's FsspecStore asks every filesystem for it, and wraps a
+        # synchronous one (as this is). Handed on, it made the inner filesystem async,
+        # whose calls from here then failed ("Loop is not running": durable:: under zarr
+        # on S3). Not the inner filesystem's option, and nothing this one does differently.
+        del asynchronous
         super().__init__()
         if verify not in _LEVELS:
             raise ValueError(f"verify must be one of {_LEVELS[1:]}, got {verify!r}")
@@ -285,6 +294,8 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         self.fs = fs
         self.verify: VerifyLevel | None = verify
         self.adapter = adapter_for_fs(fs)
+        # Each entry's marker read once per commit, not once per object (`RecordCache`).
+        self.records = RecordCache(self.adapter)
         # Paths are the inner filesystem's own. fsspec calls these on instances, so the
         # instance attributes shadow the class-level ones (as CachingFileSystem does).
         self._strip_protocol = self._strip_inner
@@ -458,7 +469,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         adapter = self.adapter
         url = self.unstrip_protocol(path)
         info = adapter.info(path)
-        found = find_record(adapter, path, info, stat_taken=True)
+        found = self.records.find(path, info)
         size = crc = None
         if found is not None:
             size, crc = found.record.size, found.record.crc32c
