@@ -78,6 +78,11 @@ class Status:
     (their attempt records are seconds apart): a later try may go through."""
 
 
+class _LinkedRecords(MarkerError):
+    """Records behind a symlink: not cleared by ``overwrite=True`` as an unreadable marker
+    is (the removal would reach through the link)."""
+
+
 class _RacedStart(IncompleteExistsError):
     """Refused at the start beside a writer that started at the same moment."""
 
@@ -202,6 +207,9 @@ class Entry:
                               url=where) from None
         if data is None:
             return None
+        linked = self.linked_records()
+        if linked is not None:
+            raise linked
         marker = Marker.decode(data, where)
         if marker.manifest_ref is not None:
             mpath = self.layout.external_manifest(marker.manifest_ref.key)
@@ -222,6 +230,21 @@ class Entry:
             marker = marker.with_external_manifest(blob, murl)
         return marker
 
+    def linked_records(self) -> MarkerError | None:
+        """The error for records reached through a symlink (the records directory, or this
+        entry's folder in it, on a local disk), if they are. Never followed: they could
+        point anywhere, and a listing (`scan`) never follows one, so a marker behind a link
+        made `status` say COMPLETE where `scan` saw no marker at all. None otherwise (no
+        request on stores that have no links)."""
+        records_dir = self.layout.records.rpartition("/")[0]
+        if not self.adapter.through_link(records_dir, f"{self.layout.name}/{MARKER_NAME}"):
+            return None
+        where = self.adapter.url(self.layout.records)
+        return _LinkedRecords(
+            f"{where}: the records of {self.url} are reached through a symlink (at "
+            f"{self.adapter.url(records_dir)} or below), which durable never follows (it "
+            "could point anywhere); put the directory itself in its place", url=where)
+
     def _object_path(self, key: str, marker: Marker) -> str:
         return self.layout.object_path(key, marker.kind)
 
@@ -235,7 +258,11 @@ class Entry:
         keys = sorted(marker.manifest.objects)
         for key in {keys[0], keys[-1]} if keys else ():
             path = self._object_path(key, marker)
-            info = self.adapter.info(path)
+            head, sep, rest = key.partition("/")
+            # Through a symlinked folder of the entry it is missing, as every listing of
+            # the entry (`verify`, `scan`, `durable status`) finds it: never followed.
+            linked = sep and self.adapter.through_link(f"{self.path}/{head}", rest)
+            info = None if linked else self.adapter.info(path)
             want = marker.manifest.objects[key].size
             if info is None:
                 return f"{self.adapter.url(path)} is listed in the marker but missing"
@@ -652,8 +679,8 @@ class Entry:
         try:
             st = self._status(leased=keep_lease, expect_absent=not (update or resume),
                               own_attempt=own_attempt)
-        except MarkerError:
-            if not overwrite:
+        except MarkerError as exc:
+            if not overwrite or isinstance(exc, _LinkedRecords):
                 raise
             # A marker nobody can read describes nothing: overwriting is the way out.
             self._clear()
