@@ -60,6 +60,7 @@ file by file; an `Entry` is the multi-object commit).
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import sys
@@ -112,6 +113,12 @@ class DurableWriteFile(io.BufferedIOBase):
         # A COMPLETE entry is read-only here: an object written into it left its marker
         # vouching for other bytes (or for a manifest that does not list the new one).
         refuse_inside_committed(fs.adapter, path, "writing")
+        if create_only and fs.adapter.info(path) is not None:
+            # At the open, as a plain file's "xb" refuses: refused only at close (as the
+            # commit still checks, for a racing writer), it let the caller write every
+            # byte first, and a `with` block ran to its end for nothing.
+            raise FileExistsError(errno.EEXIST, "exists (mode 'xb' only creates)",
+                                  fs.unstrip_protocol(path))
         self.fs = fs
         self.path = path
         self.mode = "xb" if create_only else "wb"
