@@ -140,6 +140,25 @@ def test_text_mode(place: Place) -> None:
     assert read_verified(place.url("t.txt")).decode("utf-8") == text
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
+def test_text_mode_tells_and_writes_as_a_plain_file(place: Place, tmp_path: Path,
+                                                     encoding: str) -> None:
+    """Over a buffer that could not seek, io.TextIOWrapper refused tell() ("underlying
+    stream is not seekable") and wrote utf-16/utf-32 with no BOM: other bytes than a plain
+    file opened for writing. A seek that would move is still refused."""
+    plain = tmp_path / "plain.txt"
+    with open(plain, "w", encoding=encoding) as p:
+        p.write("héllo")
+        plain_at = p.tell()
+    with atomic_write(place.url("t.txt"), "w", encoding=encoding) as f:
+        assert f.tell() == 0
+        f.write("héllo")
+        assert f.tell() == plain_at
+        with pytest.raises(io.UnsupportedOperation, match="only appends"):
+            f.seek(0)
+    assert place.read("t.txt") == plain.read_bytes()
+
+
 def test_text_mode_latin1_newline(place: Place) -> None:
     with atomic_write(place.url("t.txt"), "w", encoding="latin-1", newline="\r\n") as f:
         f.write("é\n")

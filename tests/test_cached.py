@@ -839,6 +839,8 @@ def _request_kinds(requests: list[RequestRecord], entry: Entry) -> collections.C
             elif r.key.startswith(data + "/"):
                 rel = r.key[len(data) + 1:]
                 what = "value" if rel.startswith("value.") else rel
+            elif r.key.endswith("/commit.json"):
+                what = "marker above"  # of a folder above the entry
             else:
                 what = "entry" if r.key == data else r.key
             name = f"{r.method} {what}{cond}"
@@ -870,6 +872,8 @@ def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProx
     assert _request_kinds(proxy.requests, entry) == {
         "GET marker 404": 1,               # the look for a hit
         "PUT lease If-None-Match 200": 1,  # the writer lease, create-only: one writer
+        "GET marker above 404": 3,         # writing(): no committed entry around this one
+                                           # (one per folder above it, asked at once)
         "LIST records 200": 2,             # writing(): no marker nor other writer since the
                                            # look; commit: no other writer's marker
         "LIST data delimiter 200": 1,      # writing(): no object at the path nor below it

@@ -452,6 +452,47 @@ def test_a_directory_at_the_markers_path_is_an_error_row_never_cleaned(
     assert all(place.read(f"e/{k}") == v for k, v in GOOD.items())
 
 
+def test_records_behind_a_symlink_are_one_error_in_status_and_scan(
+        tmp_path: os.PathLike[str]) -> None:
+    """A symlinked ``.durable``: `status` read the marker through it (COMPLETE, exit 0),
+    `scan`, whose listing never follows a link, saw none ("data present but no commit
+    marker", which `clean` removes). Both now report the link, and nothing is cleaned or
+    cleared through it; a symlinked folder of the entry's data is missing for
+    `Entry.state()` too, as for every listing (it was stat-ed through the link)."""
+    base = os.path.realpath(tmp_path)
+    place = Place("file", os.path.join(base, "root"))
+    os.makedirs(place.root)
+    entry = write_entry(place.url("e"), GOOD)
+    os.rename(os.path.join(place.root, ".durable"), os.path.join(base, "elsewhere"))
+    os.symlink(os.path.join(base, "elsewhere"), os.path.join(place.root, ".durable"))
+    before = place.files()
+    behind = Place("file", os.path.join(base, "elsewhere"))
+    records = behind.files()
+    assert list(records) == ["e/commit.json"]
+
+    status = run("status", place.url("e"), "--json")
+    assert status.exit_code == 1 and "reached through a symlink" in status.stderr
+    (row,) = scan(place.url())
+    assert row.state == "ERROR" and row.reason == "MarkerError: " + status.stderr.removeprefix(
+        "durable: error: ").strip()
+    with pytest.raises(MarkerError, match="symlink"):
+        entry.state()
+    with pytest.raises(MarkerError, match="symlink"), entry.writing(overwrite=True):
+        pass  # pragma: no cover
+    cleaned = as_json(run("clean", place.url(), "--older-than", "0s", "--apply", "--json"))
+    assert cleaned["items"] == []
+    assert place.files() == before and behind.files() == records
+
+    other = Place("file", os.path.join(base, "other"))
+    os.makedirs(other.root)
+    linked = write_entry(other.url("e"), GOOD)
+    os.rename(os.path.join(other.root, "e", "c"), os.path.join(base, "c"))
+    os.symlink(os.path.join(base, "c"), os.path.join(other.root, "e", "c"))
+    (row,) = scan(other.url())
+    assert row.state == "INCOMPLETE" == linked.state().value
+    assert run("status", other.url("e")).exit_code == 3  # INCOMPLETE
+
+
 def test_a_client_librarys_own_traceback_is_shown_only_with_debug(
         place: Place, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """gcsfs logs an error with its traceback ("_request out of retries") before raising
@@ -591,7 +632,12 @@ def test_verify_root_lists_every_mismatch_of_every_entry(place: Place) -> None:
 
 def test_verify_of_an_entry_with_a_marker_is_not_a_root(place: Place) -> None:
     write_entry(place.url("outer"), GOOD)
-    write_entry(place.url("outer", "inner"), {"x": b"x"})  # records below outer, too
+    # Records below outer, too: an entry put in it since its commit, around durable (which
+    # refuses to write one there).
+    write_entry(place.url("inner"), {"x": b"x"})
+    place.write("outer/inner/x", b"x")
+    place.write("outer/.durable/inner/commit.json", place.read(".durable/inner/commit.json")
+                or b"")
     doc = as_json(run("verify", place.url("outer"), "--json"))
     assert doc["url"] == url_of(place, "outer") and "root" not in doc
     assert [p["issue"] for p in doc["problems"]] == ["unexpected"] * 2  # inner's, in outer

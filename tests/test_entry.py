@@ -165,6 +165,33 @@ def test_writing_onto_complete_is_refused(place: Place) -> None:
     assert place.files() == before
 
 
+@pytest.mark.parametrize("how", ["writing", "overwrite", "mark_complete"])
+def test_an_entry_inside_a_committed_one_is_refused(place: Place, how: str) -> None:
+    """A path under a COMPLETE entry was accepted as an entry of its own: its objects and
+    records went into the committed entry's data, whose marker still said COMPLETE."""
+    outer = write_complete(place, {"a": b"1", "deep/b": b"2"})
+    place.write("ent/deep/plain", b"left by another tool")  # for mark_complete to adopt
+    before = place.files()
+    # "writing": a path with nothing there yet (ABSENT, so it would go ahead).
+    inner = Entry(place.url("ent", "fresh" if how == "writing" else "deep"))
+    with pytest.raises(EntryExistsError) as info:
+        if how == "mark_complete":
+            inner.mark_complete()
+        else:
+            with inner.writing(overwrite=how == "overwrite") as w:
+                w.write_bytes("c", b"3")  # pragma: no cover
+    assert not isinstance(info.value, AlreadyCompleteError)  # not "this entry is done"
+    assert str(info.value).startswith(f"{inner.url}: ")
+    assert f"inside the committed entry {outer.url}," in str(info.value)
+    assert place.files() == before
+    # An entry nested in one still being written is that entry's data, committed with it.
+    second = Entry(place.url("second"))
+    with second.writing() as w:
+        write_complete(place, {"x": b"4"}, name="second/inner")
+        w.write_bytes("y", b"5")
+    assert second.verify(deep=True).ok
+
+
 def test_overwrite_never_shows_old_marker_over_new_data(place: Place) -> None:
     e = write_complete(place, {"a": b"old a", "b": b"old b"})
     with e.writing(overwrite=True) as w:

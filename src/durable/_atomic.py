@@ -9,9 +9,16 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any
 
-from durable._errors import IntegrityError
-from durable._protocol import Layout, Manifest, Marker, ObjectRecord, new_attempt_id
-from durable._recording import TextAtomicWriter
+from durable._errors import EntryExistsError, IntegrityError, MarkerError
+from durable._protocol import (
+    MAX_MARKER_BYTES,
+    Layout,
+    Manifest,
+    Marker,
+    ObjectRecord,
+    new_attempt_id,
+)
+from durable._recording import GrowingBuffer, TextAtomicWriter
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
 from durable.adapters.base import VerifyLevel, VersionMismatchError
 
@@ -74,7 +81,7 @@ def atomic_write(
             layout = None  # no parent to hold records: none to remove either
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
-    buffered = io.BufferedWriter(raw, buffer_size=_BUFFER)
+    buffered = (io.BufferedWriter if "b" in mode else GrowingBuffer)(raw, buffer_size=_BUFFER)
     handle: IO[Any]
     if "b" in mode:
         handle = buffered
@@ -121,7 +128,7 @@ def publish(adapter: Adapter, raw: AtomicFile, path: str, layout: Layout | None,
                 # object carrying its own record is never judged by a marker beside it.
                 own = marker.to_metadata()
         if (own is None and not create_only and layout is not None
-                and adapter.info(layout.marker) is not None):
+                and _old_marker(adapter, path, layout)):
             # Without a record, too: the old one would call the new bytes corrupt.
             # (A create-only write keeps it: the object it records is there, or the
             # commit would not have got this far on a store that checks.)
@@ -151,6 +158,29 @@ def publish(adapter: Adapter, raw: AtomicFile, path: str, layout: Layout | None,
         written = adapter.put(layout.marker, marker.encode()[0])
         _withdraw_if_replaced(adapter, path, info, layout.marker, written)
     return info
+
+
+def _old_marker(adapter: Adapter, path: str, layout: Layout) -> bool:
+    """Whether a marker is beside ``path`` for the write to remove; EntryExistsError if it
+    is a committed directory's or prefix's: removed, that entry lost its marker for an
+    object write that then failed (a directory is in the way) or took its name."""
+    try:
+        data = adapter.read(layout.marker, limit=MAX_MARKER_BYTES)
+    except ValueError:
+        return True  # not a marker anyone can read: replaced, as before
+    if data is None:
+        return False
+    try:
+        kind = Marker.decode(data, adapter.url(layout.marker)).kind
+    except MarkerError:
+        return True
+    if kind == "prefix":
+        url = adapter.url(path)
+        raise EntryExistsError(
+            f"{url} is a committed entry (a directory or prefix with a commit marker): "
+            "writing an object at its path would take its marker. Rewrite it with "
+            f"durable.Entry({url!r}).writing(overwrite=True), or delete it first", url=url)
+    return True
 
 
 def _withdraw_if_replaced(adapter: Adapter, path: str, info: ObjectInfo, marker: str,

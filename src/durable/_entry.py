@@ -22,6 +22,7 @@ from durable._checksum import Checksum, crc_to_hex
 from durable._errors import (
     AlreadyCompleteError,
     DurableError,
+    EntryExistsError,
     IncompleteError,
     IncompleteExistsError,
     IntegrityError,
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
     from durable._lease import Lease
 
 __all__ = ["OPENED_FIRST", "Entry", "EntryWriter", "Problem", "Status", "VerifyReport",
-           "delete_tree", "nearest_marked"]
+           "committed_above", "delete_tree", "levels", "nearest_marked",
+           "refuse_inside_committed"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -74,6 +76,11 @@ class Status:
     racing: bool = field(default=False, compare=False)
     """INCOMPLETE only because another writer started at the same moment as the one asking
     (their attempt records are seconds apart): a later try may go through."""
+
+
+class _LinkedRecords(MarkerError):
+    """Records behind a symlink: not cleared by ``overwrite=True`` as an unreadable marker
+    is (the removal would reach through the link)."""
 
 
 class _RacedStart(IncompleteExistsError):
@@ -222,6 +229,9 @@ class Entry:
                               url=where) from None
         if data is None:
             return None
+        linked = self.linked_records()
+        if linked is not None:
+            raise linked
         marker = Marker.decode(data, where)
         if marker.manifest_ref is not None:
             mpath = self.layout.external_manifest(marker.manifest_ref.key)
@@ -242,6 +252,21 @@ class Entry:
             marker = marker.with_external_manifest(blob, murl)
         return marker
 
+    def linked_records(self) -> MarkerError | None:
+        """The error for records reached through a symlink (the records directory, or this
+        entry's folder in it, on a local disk), if they are. Never followed: they could
+        point anywhere, and a listing (`scan`) never follows one, so a marker behind a link
+        made `status` say COMPLETE where `scan` saw no marker at all. None otherwise (no
+        request on stores that have no links)."""
+        records_dir = self.layout.records.rpartition("/")[0]
+        if not self.adapter.through_link(records_dir, f"{self.layout.name}/{MARKER_NAME}"):
+            return None
+        where = self.adapter.url(self.layout.records)
+        return _LinkedRecords(
+            f"{where}: the records of {self.url} are reached through a symlink (at "
+            f"{self.adapter.url(records_dir)} or below), which durable never follows (it "
+            "could point anywhere); put the directory itself in its place", url=where)
+
     def _object_path(self, key: str, marker: Marker) -> str:
         return self.layout.object_path(key, marker.kind)
 
@@ -255,7 +280,11 @@ class Entry:
         keys = sorted(marker.manifest.objects)
         for key in {keys[0], keys[-1]} if keys else ():
             path = self._object_path(key, marker)
-            info = self.adapter.info(path)
+            head, sep, rest = key.partition("/")
+            # Through a symlinked folder of the entry it is missing, as every listing of
+            # the entry (`verify`, `scan`, `durable status`) finds it: never followed.
+            linked = sep and self.adapter.through_link(f"{self.path}/{head}", rest)
+            info = None if linked else self.adapter.info(path)
             want = marker.manifest.objects[key].size
             if info is None:
                 return f"{self.adapter.url(path)} is listed in the marker but missing"
@@ -457,6 +486,8 @@ class Entry:
         but uncommitted `durable` writer is refused unless ``force=True``.
         """
         self.layout.refuse_inside_records()
+        # Its marker would be a new object in the data of the committed entry around it.
+        refuse_inside_committed(self.adapter, self.path, "adopting this entry")
         st = self.status()
         if st.state is State.COMPLETE:
             raise AlreadyCompleteError(f"{self.url} is already COMPLETE", url=self.url)
@@ -533,6 +564,8 @@ class Entry:
           re-read), and the entry is INCOMPLETE until the new commit. An ABSENT entry is
           written as usual; an INCOMPLETE one is IncompleteExistsError (a rerun of a
           killed append, taken as a resume, would append after what it had added).
+        - Inside a committed entry (a path under a directory or prefix with a commit
+          marker): EntryExistsError naming both; this entry would change that one's data.
         - ``unrecorded``: objects that appear in the entry without passing through the
           writer (written with another tool into ``writer.path``) are read and
           checksummed at commit ("adopt"), or refused ("error"). Such an object may also
@@ -551,6 +584,9 @@ class Entry:
         expires); an expired lease is removed (`durable._lease.refuse_live_lease`).
         """
         self.layout.refuse_inside_records()
+        # Nested in a committed entry, this one's objects and records would land in that
+        # entry's data, which its marker (still there) says is whole and unchanged.
+        refuse_inside_committed(self.adapter, self.path, "writing this entry")
         chosen = [n for n, v in (("overwrite", overwrite), ("resume", resume),
                                  ("update", update)) if v]
         if len(chosen) > 1:
@@ -675,8 +711,8 @@ class Entry:
         try:
             st = self._status(leased=keep_lease, expect_absent=not (update or resume),
                               own_attempt=own_attempt)
-        except MarkerError:
-            if not overwrite:
+        except MarkerError as exc:
+            if not overwrite or isinstance(exc, _LinkedRecords):
                 raise
             # A marker nobody can read describes nothing: overwriting is the way out.
             self._clear()
@@ -1173,19 +1209,67 @@ def delete_tree(adapter: Adapter, path: str, keys: list[str] | None = None) -> N
     adapter.delete_prefix(path)
 
 
+def committed_above(adapter: Adapter, path: str) -> Entry | None:
+    """The nearest entry strictly above ``path`` committed as a directory or prefix (a
+    marker of kind "prefix"), whose data ``path`` is part of; None if there is none up to
+    the root. Single-object entries on the way (a recorded object of such an entry) are
+    passed over. MarkerError for a marker on the way, before any such entry, that cannot
+    be trusted. On a store across a network every level is asked at once: one round trip
+    (a write pays it before its first byte), not one per level."""
+    above = [Entry(root, adapter=adapter) for root, _ in levels(path)][1:]
+
+    def read(entry: Entry) -> Marker | MarkerError | None:
+        try:
+            return entry._read_sidecar()
+        except MarkerError as exc:
+            return exc
+
+    found: Iterable[Marker | MarkerError | None] = map(read, above)  # lazy: nearest first
+    if len(above) > 1 and not set(adapter.protocols) & _IN_PROCESS:
+        with ThreadPoolExecutor(min(len(above), _WORKERS)) as pool:
+            found = list(pool.map(read, above))
+    for entry, marker in zip(above, found, strict=True):
+        if isinstance(marker, MarkerError):
+            raise marker
+        if marker is not None and marker.kind == "prefix":
+            return entry
+    return None
+
+
+def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
+    """EntryExistsError, naming both, if ``path`` lies inside a committed entry: ``doing``
+    (writing, removing) there would change data its marker still vouches for, and the
+    entry would say COMPLETE over other bytes, or over objects gone."""
+    holder = committed_above(adapter, path)
+    if holder is None:
+        return
+    url = adapter.url(path.rstrip("/"))
+    raise EntryExistsError(
+        f"{url}: {doing} refused: it lies inside the committed entry {holder.url}, whose "
+        "marker still vouches for what it holds (it would stay COMPLETE over other data). "
+        f"Change that entry with durable.Entry({holder.url!r}).writing(update=True), "
+        "rewrite it with overwrite=True, or delete it first", url=url)
+
+
+def levels(path: str) -> Iterator[tuple[str, str]]:
+    """(entry path, ``path``'s key in it) for ``path`` and each folder above it, nearest
+    first: where a marker could make an entry of it. Not the bucket (or file system root)
+    itself, and never a records directory."""
+    root, key = path.rstrip("/"), ""
+    while "/" in root.strip("/") and root.rpartition("/")[2] != RECORDS_DIR:
+        yield root, key
+        root, _, name = root.rpartition("/")
+        key = f"{name}/{key}" if key else name
+
+
 def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | None:
     """The nearest entry at or above ``path`` with a commit marker beside it, that marker,
     and ``path``'s key inside the entry ("" for the entry itself); None if there is none
     up to the bucket or the file system's root (one marker read per level: no limit, since
     writers take keys of any depth). MarkerError for a marker that cannot be trusted."""
-    root, key = path.rstrip("/"), ""
-    while True:
-        # Not the bucket (or file system root) itself, and never a records directory.
-        if "/" not in root.strip("/") or root.rpartition("/")[2] == RECORDS_DIR:
-            return None
+    for root, key in levels(path):
         entry = Entry(root, adapter=adapter)
         marker = entry._read_sidecar()
         if marker is not None:
             return entry, marker, key
-        root, _, name = root.rpartition("/")
-        key = f"{name}/{key}" if key else name
+    return None

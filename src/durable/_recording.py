@@ -20,9 +20,31 @@ from durable._errors import UnsupportedError
 if TYPE_CHECKING:
     from durable._entry import EntryWriter
 
-__all__ = ["RecordingFileSystem", "TextAtomicWriter"]
+__all__ = ["GrowingBuffer", "RecordingFileSystem", "TextAtomicWriter", "stay_put"]
 
 _COPY_BLOCK = 8 * 1024 * 1024
+
+
+def stay_put(here: int, offset: int, whence: int, name: str) -> int:
+    """A seek on a file that only grows: where it stays (what io.TextIOWrapper asks to learn
+    its position), the position; anywhere else, UnsupportedOperation naming the file."""
+    if (offset, whence) in ((0, io.SEEK_CUR), (here, io.SEEK_SET)):
+        return here
+    raise io.UnsupportedOperation(f"{name}: an atomic write only appends; seek() can stay "
+                                  f"at {here}, not move")
+
+
+class GrowingBuffer(io.BufferedWriter):
+    """The buffer under text written atomically. It says it can seek, as io.TextIOWrapper
+    needs to: over one that cannot, tell() raised "underlying stream is not seekable" and
+    utf-16/utf-32 text was written with no BOM, unlike a plain file opened for writing.
+    A seek that would move is refused (`stay_put`)."""
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return stay_put(self.tell(), offset, whence, str(getattr(self.raw, "path", "")))
 
 
 class TextAtomicWriter(io.TextIOWrapper):
@@ -76,7 +98,7 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
         f.commit_on_close = True  # fsspec semantics: close() publishes
         if "b" in mode:
             return f
-        return TextAtomicWriter(io.BufferedWriter(f), encoding=kwargs.get("encoding"),
+        return TextAtomicWriter(GrowingBuffer(f), encoding=kwargs.get("encoding"),
                                 newline=kwargs.get("newline"))
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite",

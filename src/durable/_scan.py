@@ -69,7 +69,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from durable._entry import Entry
-from durable._errors import DurableError
+from durable._errors import DurableError, MarkerError
 from durable._lease import stated_stale_after
 from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker, carries_record
 from durable.adapters import Adapter, ObjectInfo, resolve
@@ -415,6 +415,16 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
         if f.lease is not None:
             jobs.append((key, "lease", layout.lease))
     out = {key: Records() for key in keys}
+    for key in keys:
+        if sv.entries[key].marker is None:
+            # A marker the listing did not show may be behind a symlinked records dir,
+            # which listings never follow: `status` calls that an error, and so does the
+            # scan (an ERROR row, which nothing cleans or adopts), not "no commit marker"
+            # over data that `clean` would then remove. An lstat on a disk; no request
+            # elsewhere.
+            linked = Entry(sv.entry_path(key), adapter=sv.adapter).linked_records()
+            if linked is not None and sv.adapter.exists(sv.layout(key).marker):
+                out[key].marker = f"{MarkerError.__name__}: {linked}"
     if not jobs:
         return out
 

@@ -39,11 +39,18 @@ What it guarantees, per object:
   against the size the store declares otherwise: a short or corrupt body is an
   IntegrityError, never data, and so is an object store's error document (at most 64 KiB,
   `durable._verified.error_document`) served as an unrecorded object, or as a recorded one
-  whose record it hides. ``get_file`` (what ``simplecache::durable::`` copies with) puts
-  the copy in place only once every byte passed: a refused body leaves no local file.
+  whose record it hides. An entry's marker is read once per commit (`RecordCache`:
+  kept, revalidated by one stat of its version before each use). ``get_file`` (what
+  ``simplecache::durable::`` copies with) puts the copy in place only once every byte
+  passed: a refused body leaves no local file.
 - **Out of sight, out of the way.** Listings (``ls``, ``find``, ``glob``, ``walk``) hide
   the ``.durable`` record directories and local temp files; ``rm`` removes an object's
   record with it (the marker first).
+- **Committed entries are read-only.** Writing, touching, removing or moving anything inside
+  a committed entry (a directory or prefix with a commit marker) is an EntryExistsError
+  naming both: its marker would vouch for data it no longer describes. ``cp``/``mv`` with
+  ``recursive=True`` of a committed entry copy it as an entry: the objects its manifest
+  lists, read against it, committed by a marker of its own (or removed on any failure).
 
 Not supported (UnsupportedError rather than a weaker write): append and update modes,
 ``compression=`` on write (compress before writing), fsspec transactions (they commit
@@ -53,9 +60,11 @@ file by file; an `Entry` is the multi-object commit).
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import sys
+import threading
 from typing import Any, cast
 
 import fsspec
@@ -65,9 +74,12 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import isfilelike, stringify_path
 
 from durable._atomic import publish
+from durable._entry import Entry, refuse_inside_committed
 from durable._errors import IntegrityError, UnsupportedError
-from durable._protocol import RECORDS_DIR, Layout
-from durable._verified import VerifiedReader, find_record, missing_error
+from durable._protocol import RECORDS_DIR, Layout, Marker
+from durable._record_cache import RecordCache
+from durable._recording import TextAtomicWriter, stay_put
+from durable._verified import VerifiedReader, missing_error, open_verified_path
 from durable.adapters import adapter_for_fs, refuse_ambiguous
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
 from durable.adapters.local import TMP_MARK, LocalAdapter
@@ -98,6 +110,15 @@ class DurableWriteFile(io.BufferedIOBase):
         # As atomic_write refuses them: written, "a/../b" would be a literal key that
         # read_verified (and a copy to a disk) takes for another object.
         refuse_ambiguous(fs.adapter, path, fs.unstrip_protocol(path))
+        # A COMPLETE entry is read-only here: an object written into it left its marker
+        # vouching for other bytes (or for a manifest that does not list the new one).
+        refuse_inside_committed(fs.adapter, path, "writing")
+        if create_only and fs.adapter.info(path) is not None:
+            # At the open, as a plain file's "xb" refuses: refused only at close (as the
+            # commit still checks, for a racing writer), it let the caller write every
+            # byte first, and a `with` block ran to its end for nothing.
+            raise FileExistsError(errno.EEXIST, "exists (mode 'xb' only creates)",
+                                  fs.unstrip_protocol(path))
         self.fs = fs
         self.path = path
         self.mode = "xb" if create_only else "wb"
@@ -109,6 +130,8 @@ class DurableWriteFile(io.BufferedIOBase):
         self._exc_at_open = sys.exc_info()[1]
         self._failed = False
         self._buf = bytearray()
+        # Under a text wrapper: seekable, in place only (`GrowingBuffer`'s reason).
+        self.under_text = False
         self._raw: AtomicFile = fs.adapter.open_atomic(path, create_only=create_only)
 
     @property
@@ -120,6 +143,14 @@ class DurableWriteFile(io.BufferedIOBase):
 
     def tell(self) -> int:
         return self._raw.tell() + len(self._buf)
+
+    def seekable(self) -> bool:
+        return self.under_text
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if not self.under_text:
+            return super().seek(offset, whence)
+        return stay_put(self.tell(), offset, whence, self.fs.unstrip_protocol(self.path))
 
     def write(self, data: Any) -> int:
         if self.closed:
@@ -210,7 +241,7 @@ class DurableWriteFile(io.BufferedIOBase):
                 self._raw.abort()
 
 
-class _TextWriter(io.TextIOWrapper):
+class _TextWriter(TextAtomicWriter):
     """Text over a DurableWriteFile, with the same exit and garbage-collection rules."""
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -249,7 +280,13 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def __init__(self, fo: str | None = None, *, target_protocol: str | None = None,
                  target_options: dict[str, Any] | None = None, fs: Any = None,
-                 verify: VerifyLevel | None = None, **inner_options: Any) -> None:
+                 verify: VerifyLevel | None = None, asynchronous: bool = False,
+                 **inner_options: Any) -> None:
+        # ``asynchronous``: zarr's FsspecStore asks every filesystem for it, and wraps a
+        # synchronous one (as this is). Handed on, it made the inner filesystem async,
+        # whose calls from here then failed ("Loop is not running": durable:: under zarr
+        # on S3). Not the inner filesystem's option, and nothing this one does differently.
+        del asynchronous
         super().__init__()
         if verify not in _LEVELS:
             raise ValueError(f"verify must be one of {_LEVELS[1:]}, got {verify!r}")
@@ -264,12 +301,16 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         self.fs = fs
         self.verify: VerifyLevel | None = verify
         self.adapter = adapter_for_fs(fs)
+        # Each entry's marker read once per commit, not once per object (`RecordCache`).
+        self.records = RecordCache(self.adapter)
         # Paths are the inner filesystem's own. fsspec calls these on instances, so the
         # instance attributes shadow the class-level ones (as CachingFileSystem does).
         self._strip_protocol = self._strip_inner
         self._parent = fs._parent
         self.root_marker = fs.root_marker
         self.sep = getattr(fs, "sep", "/")
+        # The (source, destination) pairs of a copy being planned, per thread (`copy`).
+        self._planned = threading.local()
 
     def _strip_inner(self, path: Any) -> Any:
         if isinstance(path, list | tuple):
@@ -296,6 +337,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         text = {k: kwargs.pop(k) for k in ("encoding", "errors", "newline") if k in kwargs}
         binary = self.open(path, mode.replace("t", "") + "b", compression=compression,
                            **kwargs)
+        binary.under_text = True
         return _TextWriter(binary, **text)
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None,
@@ -334,7 +376,79 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
                 dst.write(block)
                 callback.relative_update(len(block))
 
+    def copy(self, path1: Any, path2: Any, recursive: bool = False,
+             maxdepth: int | None = None, on_error: str | None = None,
+             **kwargs: Any) -> None:
+        # fsspec's copy decides which path goes where (trailing slashes, globs, existing
+        # destinations); here its pairs are only collected, then copied entry-aware.
+        pairs: list[tuple[str, str]] = []
+        self._planned.pairs = pairs
+        try:
+            super().copy(path1, path2, recursive=recursive, maxdepth=maxdepth,
+                         on_error="raise", **kwargs)
+        finally:
+            self._planned.pairs = None
+        ignore = on_error == "ignore" or (on_error is None and recursive)
+        for src, dst in self._copy_entries(pairs):
+            try:
+                self.cp_file(src, dst)
+            except FileNotFoundError:
+                if not ignore:
+                    raise
+
+    def _copy_entries(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Copy each committed entry among the sources whole, as an entry: the pairs left.
+
+        Object by object, its marker stayed behind: the copy was INCOMPLETE, its objects
+        each a single-object entry; the records an entry holds (a nested entry's marker)
+        are hidden from listings and were not copied at all. Its manifest says what to
+        copy, each object is read against it, and the copy is committed by a marker of
+        its own, or removed if any object fails (AlreadyCompleteError or
+        IncompleteExistsError if something is at the destination already)."""
+        sources = {p for p, _ in pairs}
+        dirs = {p.rstrip("/").rpartition("/")[0] for p in sources} & sources
+        copied: list[str] = []
+        left = []
+        for src, dst in sorted(pairs):
+            if any(src.startswith(f"{c}/") for c in copied):
+                continue  # copied with its entry, by the manifest
+            marker = self._prefix_marker(src) if src in dirs else None
+            if marker is None:
+                left.append((src, dst))
+                continue
+            self._copy_entry(Entry(src, adapter=self.adapter), marker, dst)
+            copied.append(src.rstrip("/"))
+        return left
+
+    def _prefix_marker(self, path: str) -> Marker | None:
+        try:
+            marker = Entry(path, adapter=self.adapter).read_marker()
+        except ValueError:
+            return None  # a root: no entry
+        return marker if marker is not None and marker.kind == "prefix" else None
+
+    def _copy_entry(self, source: Entry, marker: Marker, dst: str) -> None:
+        assert marker.manifest is not None
+        with Entry(dst, adapter=self.adapter).writing(unrecorded="error") as w:
+            for key, rec in sorted(marker.manifest.objects.items()):
+                with open_verified_path(self.adapter, source.layout.object_path(
+                        key, "prefix"), rec.size, rec.crc32c) as src, w.open(key) as out:
+                    while block := src.read(_COPY_BLOCK):
+                        out.write(block)
+
+    def mv(self, path1: Any, path2: Any, recursive: bool = False,
+           maxdepth: int | None = None, **kwargs: Any) -> None:
+        if path1 != path2:
+            # Refused before the copy: refused after it, the move left two copies.
+            self._refuse_removing(self.expand_path(path1, recursive=recursive,
+                                                   maxdepth=maxdepth))
+        super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        if getattr(self._planned, "pairs", None) is not None:
+            self._planned.pairs.append((self._strip_protocol(path1),
+                                        self._strip_protocol(path2)))
+            return
         # Read verified, written atomically: a copy is never of bytes that were wrong.
         try:
             src = self.open(path1, "rb")
@@ -354,6 +468,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         if truncate or not self.exists(path):
             self.pipe_file(path, b"")
         else:
+            refuse_inside_committed(self.adapter, self._strip_protocol(path), "touching")
             self.fs.touch(self._strip_protocol(path), truncate=False, **kwargs)
 
     # reading ------------------------------------------------------------------------------
@@ -361,7 +476,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         adapter = self.adapter
         url = self.unstrip_protocol(path)
         info = adapter.info(path)
-        found = find_record(adapter, path, info, stat_taken=True)
+        found = self.records.find(path, info)
         size = crc = tail = None
         if found is not None:
             size, crc, tail = found.record.size, found.record.crc32c, found.record.tail
@@ -470,8 +585,22 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         """Something is at ``path`` but no object: a directory or prefix (or a symlink)."""
         return self.adapter.info(path) is None and self.adapter.exists(path)
 
+    def _refuse_removing(self, paths: list[str]) -> None:
+        """EntryExistsError if any of ``paths`` lies inside a committed entry that is not
+        removed with it: removed, its objects left the entry COMPLETE over data gone
+        (removing an entry whole takes its marker first)."""
+        chosen = {p.rstrip("/") for p in paths}
+        checked: set[str] = set()
+        for p in sorted(chosen):
+            parent = p.rpartition("/")[0]
+            if parent in chosen or parent in checked:
+                continue  # removed with its parent, or that parent was looked at
+            checked.add(parent)
+            refuse_inside_committed(self.adapter, p, "removing")
+
     def rm_file(self, path: str) -> None:
         path = self._strip_protocol(path)
+        self._refuse_removing([path])
         layout = self._layout(path)
         if layout is not None and self._a_directory(path):
             # A directory (a prefix entry): rm_file does not remove it (an error on a
@@ -485,6 +614,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        self._refuse_removing(paths)
         # Not recursive: a directory (a prefix entry) is not removed (an error on a local
         # disk, nothing on an object store), so its marker and records stay; only objects
         # lose theirs. A refused rm took a COMPLETE entry's marker and left its data.
