@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import fsspec
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
@@ -313,6 +314,39 @@ def test_corruption_behind_durables_back_is_caught(azure_container: Bucket,
         Entry(url, storage_options=options).verify(deep=True)
     with pytest.raises(IntegrityError, match="CRC32C"):
         read_verified(url, storage_options=options)
+
+
+@pytest.mark.parametrize("scheme", ["az", "abfs"])
+def test_every_url_shown_uses_the_callers_scheme(azure_container: Bucket, raw: Raw,
+                                                 scheme: str) -> None:
+    """adlfs names itself abfs://: a user of az:// URLs was shown abfs:// ones (in errors,
+    entry URLs, `durable scan`, durable::), names they never wrote; each is shown as
+    written."""
+    options = azure_container.storage_options
+    root = f"{scheme}://{azure_container.name}"
+    other = "abfs" if scheme == "az" else "az"
+    with pytest.raises(FileNotFoundError) as missing:
+        read_verified(f"{root}/nope.bin", storage_options=options)
+    raw.put("e/x.bin", b"x")
+    raw.put(".durable/e/commit.json", b"not json")
+    with pytest.raises(durable.MarkerError) as corrupt:
+        Entry(f"{root}/e", storage_options=options).state()
+    entry = Entry(f"{root}/e2", storage_options=options)
+    with entry.writing() as w:
+        w.fs.pipe_file(f"{w.path}/y.bin", b"y")
+    result = CliRunner().invoke(cli, ["scan", "--json", root, "--storage-options",
+                                      json.dumps(options)])
+    chained, inner = fsspec.core.url_to_fs(f"durable::{root}/nope.bin", **{scheme: options})
+    with pytest.raises(FileNotFoundError) as through_fs:
+        chained.cat_file(inner)
+    shown = [str(missing.value), str(corrupt.value), entry.url, result.output,
+             str(through_fs.value)]
+    assert f"{root}/nope.bin" in shown[0]
+    assert f"durable::{root}/nope.bin" in shown[4]
+    assert f"{root}/.durable/e/commit.json" in shown[1]
+    assert entry.url == f"{root}/e2"
+    assert f"{root}/e2" in shown[3], result.output
+    assert not [text for text in shown if f"{other}://" in text]
 
 
 # -------------------------------------------------------------------------- pinned reads

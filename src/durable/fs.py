@@ -263,7 +263,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             raise ValueError("give either fs= or target_protocol=/options, not both")
         self.fs = fs
         self.verify: VerifyLevel | None = verify
-        self.adapter = adapter_for_fs(fs)
+        self.adapter = adapter_for_fs(fs, target_protocol)
         # Paths are the inner filesystem's own. fsspec calls these on instances, so the
         # instance attributes shadow the class-level ones (as CachingFileSystem does).
         self._strip_protocol = self._strip_inner
@@ -280,7 +280,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         return self.fs._strip_protocol(path)
 
     def unstrip_protocol(self, name: str) -> str:
-        return f"{PROTOCOL}::{self.fs.unstrip_protocol(name)}"
+        return f"{PROTOCOL}::{self.adapter.url(name)}"
 
     # writing ------------------------------------------------------------------------------
     def open(self, path: Any, mode: str = "rb", block_size: Any = None,

@@ -226,6 +226,10 @@ class Adapter(ABC):
 
     protocols: ClassVar[tuple[str, ...]] = ()
     capabilities: ClassVar[Capabilities]
+    #: The scheme the caller's URLs use where the filesystem names itself otherwise
+    #: (``az://`` for adlfs, whose own is ``abfs``); None: the filesystem's own.
+    #: Set by `durable.adapters.adapter_for_fs`.
+    scheme: str | None = None
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
@@ -235,8 +239,13 @@ class Adapter(ABC):
         return type(self).__name__.removesuffix("Adapter").lower()
 
     def url(self, path: str) -> str:
-        """A URL for messages and for reopening: the path with the filesystem's protocol."""
-        return str(self.fs.unstrip_protocol(path))
+        """A URL for messages and for reopening: the path with the caller's scheme (the
+        filesystem's first protocol where the caller named none other)."""
+        url = str(self.fs.unstrip_protocol(path))
+        if self.scheme is None:
+            return url
+        # adlfs spells every URL abfs://: a user of az:// was shown names they never wrote.
+        return f"{self.scheme}://{url.partition('://')[2]}"
 
     # writing ------------------------------------------------------------------------------
     @abstractmethod
