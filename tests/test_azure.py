@@ -34,6 +34,7 @@ from durable.testing.faults import (
     Match,
     RequestInfo,
     corrupt_part_bytes,
+    delay,
     drop_connection,
     error,
     error_body_with_200,
@@ -463,6 +464,24 @@ def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_blob(
     with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
                                       "Serv[A-Za-z]*Error: Server disconnected"):
         read_verified(url, storage_options=bucket.storage_options)
+
+
+def test_a_stalled_body_is_a_timeout_naming_the_blob(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A body that never comes: with adlfs's read_timeout storage option (which the
+    adapter's own requests ignored: they waited the SDK's 60 s per attempt, 3 minutes), a
+    TimeoutError naming the blob and saying it stalled; it said "answered HTTP None"."""
+    bucket, proxy = proxied
+    options = {**bucket.storage_options, "read_timeout": 1}
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=options) as f:
+        f.write(b"s" * 1000)
+    proxy.add(delay(600, where="body", match=Match(methods="GET")))
+    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* "
+                                           "stalled: no data within the read timeout") \
+            as raised:
+        read_verified(url, storage_options=options)
+    assert "HTTP None" not in str(raised.value)
 
 
 def test_an_error_page_served_as_200_to_a_listing_is_refused(
