@@ -30,6 +30,7 @@ import durable
 from durable import Entry, IntegrityError, atomic_write, read_verified
 from durable._checksum import crc_to_b64
 from durable.adapters import adapter_for_fs
+from durable.adapters import gcs as gcs_adapter
 from durable.adapters.base import Adapter
 from durable.adapters.gcs import CHUNK, GCSAdapter
 from durable.cli import cli
@@ -509,9 +510,27 @@ def test_a_stalled_body_is_a_timeout_naming_the_object(
     with atomic_write(url, storage_options=options) as f:
         f.write(b"s" * 1000)
     proxy.add(delay(60, where="body", match=Match(methods="GET", query="alt")))
-    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-999 got no "
-                                           "whole answer"):
+    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-999 "
+                                           "stalled: no whole answer within the storage "
+                                           "option requests_timeout"):
         read_verified(url, storage_options=options)
+
+
+def test_a_stalled_body_is_given_up_on_by_default(proxied: tuple[Bucket, FaultProxy],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcsfs sets no timeout: without requests_timeout in the storage options, a body that
+    never came was waited for as long as the store stalled (forever). The adapter sets
+    one (`gcs.READ_TIMEOUT` between reads, shortened here): the stalled GET is given up
+    and sent again, and the read gets the object."""
+    bucket, proxy = proxied
+    monkeypatch.setattr(gcs_adapter, "READ_TIMEOUT", 0.5)
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"s" * 1000)
+    assert bucket.filesystem().requests_timeout.sock_read == 0.5
+    proxy.add(delay(600, where="body", match=Match(methods="GET", query="alt"), times=1))
+    assert read_verified(url, storage_options=bucket.storage_options) == b"s" * 1000
+    assert proxy.count(method="GET", query="alt") == 2
 
 
 def test_a_ranged_get_answered_with_another_range_is_refused(

@@ -66,12 +66,16 @@ from durable.adapters.base import (
     VersionMismatchError,
 )
 
-__all__ = ["CHUNK", "GCSAdapter"]
+__all__ = ["CHUNK", "READ_TIMEOUT", "GCSAdapter"]
 
 #: Resumable pieces (GCS wants multiples of 256 KiB) and the single-request upload limit.
 CHUNK = 8 * 1024 * 1024
 _DELETE_CONCURRENCY = 16
 _CANCEL_TIMEOUT = 10.0
+#: Seconds gcsfs waits for a connection, and for the next bytes of an answer, where the
+#: storage options set no ``requests_timeout`` (gcsfs sets none: a stalled body was waited
+#: for as long as the store stalled). As S3's and Azure's clients do by default.
+READ_TIMEOUT = 60.0
 #: Custom metadata naming the write that put an object there (see `GCSAdapter._ours`).
 _TOKEN = "durable-write"
 
@@ -128,9 +132,11 @@ def _failure(url: str, what: str, exc: Exception) -> Exception | None:
         # A connection the store closed (ServerDisconnectedError) on every retry gcsfs made.
         return OSError(f"{url}: {what} failed: {type(exc).__name__}: {_said(exc)}")
     if isinstance(exc, TimeoutError):
-        # fsspec's FSTimeoutError of gcsfs's requests_timeout: it says nothing at all.
-        return TimeoutError(f"{url}: {what} got no whole answer within the filesystem's "
-                            "requests_timeout")
+        # aiohttp's timeout of gcsfs's requests_timeout (as fsspec's FSTimeoutError: it
+        # says nothing at all), on the last of gcsfs's attempts.
+        return TimeoutError(f"{url}: {what} stalled: no whole answer within the storage "
+                            f"option requests_timeout (unless set, {READ_TIMEOUT:g} s for "
+                            "a connection and between reads)")
     if isinstance(exc, json.JSONDecodeError):
         return IntegrityError(f"{url}: {what} answered a body that is not JSON "
                               f"({_said(exc.doc)!r:.80}): not the store's answer (an error "
@@ -285,6 +291,15 @@ class GCSAdapter(Adapter):
     # Endpoint -> whether it enforces ifGenerationMatch on uploads, and on deletes.
     _conditional_by_endpoint: ClassVar[dict[str, tuple[bool, bool]]] = {}
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, fs: Any) -> None:
+        super().__init__(fs)
+        if getattr(fs, "requests_timeout", None) is None:
+            # Set on the filesystem, where gcsfs reads it at every request, as the storage
+            # option would have: a per-read limit, not a total one, so a large piece that
+            # keeps arriving is never cut off; a stall is retried by gcsfs, then an error.
+            fs.requests_timeout = aiohttp.ClientTimeout(sock_connect=READ_TIMEOUT,
+                                                        sock_read=READ_TIMEOUT)
 
     # helpers --------------------------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, str]:
