@@ -316,6 +316,12 @@ class Adapter(ABC):
             # Read one byte past the size: a body longer than its stat is caught too.
             return f.read(info.size + 1)
 
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        """`read` of a small object whose bytes the caller checks itself (tensorstore's
+        open: a marker, a zarr.json): through the adapter's cheapest client, bounded as
+        `read` is (over ``limit`` bytes: ValueError, before the body is taken in)."""
+        return self.read(path, limit=limit)
+
     # verifying what was just written -------------------------------------------------------
     #: What `atomic_write` checks after a write when not told: see `verify_written`.
     default_verify: ClassVar[VerifyLevel] = "size"
