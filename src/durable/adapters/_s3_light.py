@@ -211,13 +211,13 @@ def get_small(store: Any, adapter: S3Adapter, bucket: str, key: str, limit: int,
     except (InvalidPathError, ValueError) as exc:
         if isinstance(exc, InvalidPathError) or "parse path" in str(exc):
             return None
-        raise OSError(f"{url}: GET failed: {exc}") from exc
-    except NotFoundError:
+        raise OSError(f"{url}: GET failed: {_said(exc)}") from exc
+    except (NotFoundError, FileNotFoundError):  # obstore raises the builtin for a GET
         return (None,)
-    except (PermissionDeniedError, UnauthenticatedError) as exc:
-        raise PermissionError(f"{url}: GET answered HTTP 403: {exc}") from exc
+    except (PermissionDeniedError, UnauthenticatedError, PermissionError) as exc:
+        raise PermissionError(f"{url}: GET answered HTTP 403: {_said(exc)}") from exc
     except Exception as exc:
-        raise OSError(f"{url}: GET failed: {type(exc).__name__}: {exc}") from exc
+        raise OSError(f"{url}: GET failed: {type(exc).__name__}: {_said(exc)}") from exc
     size = int(result.meta["size"])
     if size > limit:
         # The body is a stream not read yet: dropped here, it is never downloaded.
@@ -225,8 +225,15 @@ def get_small(store: Any, adapter: S3Adapter, bucket: str, key: str, limit: int,
     try:
         data = bytes(result.bytes())
     except Exception as exc:
-        raise OSError(f"{url}: GET failed in its body: {type(exc).__name__}: {exc}") from exc
+        raise OSError(f"{url}: GET failed in its body: {type(exc).__name__}: {_said(exc)}"
+                      ) from exc
     if len(data) != size:
         raise IntegrityError(f"{url}: GET answered {len(data)} bytes, its headers said "
                              f"{size}", url=url, expected=size, found=len(data))
     return (data,)
+
+
+def _said(exc: BaseException) -> str:
+    # object_store's message runs on with a multi-line "Debug source" dump: its first line.
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
