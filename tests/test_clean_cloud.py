@@ -382,7 +382,8 @@ def test_objects_below_the_markers_name_are_an_error_never_unfinished(
         store: Store, with_data: bool) -> None:
     """Objects stored below ``commit.json/`` (the marker made a "directory"), where no
     marker is: a MarkerError naming the marker, as a directory there is on a local disk.
-    Read as "no marker", the entry was INCOMPLETE, a leftover for `durable clean`."""
+    Read as "no marker", the entry was INCOMPLETE (in `durable scan` too), a leftover for
+    `durable clean`."""
     import durable
 
     if with_data:
@@ -396,5 +397,8 @@ def test_objects_below_the_markers_name_are_an_error_never_unfinished(
         entry.status()
     with pytest.raises(durable.MarkerError, match=where), entry.writing():
         pass
+    _, doc = run(store, "scan", store.url())
+    (row,) = [r for r in doc["entries"] if r["url"] == store.canonical("e")]
+    assert row["state"] == "ERROR" and f"{where}: no commit marker" in row["reason"], row
     run(store, "clean", store.url(), "--older-than", "0", "--apply")
     assert store.snapshot() == before
