@@ -557,6 +557,21 @@ def test_403_error_document_is_never_returned(
         _adapter(via_proxy).read(f"{s3_bucket.name}/obj.bin")
 
 
+def test_a_stalled_body_is_a_timeout_naming_the_object(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
+    """A body that never comes (botocore's read timeout, shortened here by the storage
+    option, every time the reader asks again): a TimeoutError saying it stalled, as on GCS
+    and Azure; it was an IntegrityError calling it a body that "ended at byte 0"."""
+    _write(s3_bucket, "obj.bin", b"payload" * 100)
+    options = {**via_proxy, "config_kwargs": {"read_timeout": 1}}
+    proxy.add(faults.delay(600, where="body", method="GET", path=_only("obj.bin")))
+    with pytest.raises(TimeoutError, match=r"s3://.*/obj\.bin: the body stalled at byte 0 "
+                                           "of 700: no data within the client's read "
+                                           "timeout") as raised:
+        read_verified(s3_bucket.path("obj.bin"), storage_options=options)
+    assert not isinstance(raised.value, IntegrityError)
+
+
 def test_error_document_served_as_200_is_refused_by_the_record(
         s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
     _write(s3_bucket, "obj.bin", b"payload")  # its record in its own metadata

@@ -77,6 +77,7 @@ from durable.adapters.base import (
     Upload,
     VerifyLevel,
     VersionMismatchError,
+    caused_by,
     strong_etag,
 )
 
@@ -152,12 +153,7 @@ def _caused_by(exc: BaseException, *kinds: type[BaseException]) -> bool:
     # The SDK re-raises a transport failure inside its own errors: a body that ended early
     # as a plain HttpResponseError whose cause is the IncompleteReadError it made of
     # aiohttp's ClientPayloadError, a stall as one caused by a ServiceResponseTimeoutError.
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, kinds):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return caused_by(exc, lambda e: isinstance(e, kinds))
 
 
 def _cut_short(exc: BaseException) -> bool:

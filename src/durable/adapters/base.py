@@ -468,3 +468,15 @@ def strong_etag(raw: object, url: str) -> str:
                              "cannot be pinned to a version", url=url,
                              expected="an ETag", found=raw)
     return f'"{core}"'
+
+
+def caused_by(exc: BaseException, found: Callable[[BaseException], bool]) -> bool:
+    """Whether ``exc`` or an exception it was raised from (``__cause__``/``__context__``,
+    all the way down) is one ``found`` recognises: cloud SDKs re-raise a transport failure
+    (a body cut short, a read timeout) inside errors of their own."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if found(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
