@@ -604,11 +604,55 @@ def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
         f.read(1000)  # bytes the short body does hold: still refused, the body is not whole
 
 
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcsfs's retries without their sleeps (1 + 2 + 4 + 8 + 16 s): the same six requests,
+    at once."""
+    import types
+
+    import gcsfs.retry
+
+    async def no_sleep(seconds: float) -> None:
+        return None
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=no_sleep))
+
+
+@pytest.mark.parametrize("request_kind", ["resource", "listing", "media"])
+@pytest.mark.usefixtures("no_backoff")
+def test_an_answer_cut_short_on_every_attempt_names_the_object(
+        proxied: tuple[Bucket, FaultProxy], request_kind: str) -> None:
+    """The JSON answer to an object's resource GET, or to a listing, cut short on every
+    attempt gcsfs made: an IntegrityError naming the object (or prefix) and the request;
+    it was aiohttp's bare ClientPayloadError, naming nothing. (The object's bytes were
+    already: never short data.)"""
+    bucket, proxy = proxied
+    url = bucket.path("e", "a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"c" * 1000)
+    if request_kind == "resource":
+        proxy.add(truncate_body(keep=10, match=Match(methods="GET", query="!alt",
+                                                     path=r"/o/e/a\.bin$")))
+        with pytest.raises(IntegrityError, match=f"{bucket.name}/e/a.bin: GET of its "
+                                                 "resource arrived short on every attempt"):
+            read_verified(url, storage_options=bucket.storage_options)
+    elif request_kind == "media":
+        proxy.add(truncate_body(keep=10, match=Match(methods="GET", query="alt")))
+        with pytest.raises(IntegrityError, match=f"{bucket.name}/e/a.bin: GET of bytes 0-999 "
+                                                 "arrived short on every attempt"):
+            read_verified(url, storage_options=bucket.storage_options)
+    else:
+        proxy.add(truncate_body(keep=10, match=Match(methods="GET", path=r"/o$")))
+        with pytest.raises(IntegrityError, match=f"{bucket.name}/e: listing arrived short "
+                                                 "on every attempt"):
+            Entry(bucket.path("e"), storage_options=bucket.storage_options).verify()
+
+
 def test_body_cut_mid_way_is_fetched_again_never_returned_short(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A connection dropped mid-body (full Content-Length, 1000 bytes): gcsfs retries the
     same pinned range. (Cut on every attempt, it is an IntegrityError after gcsfs's six
-    tries, about 30 s of backoff: too slow to run here.)"""
+    tries: `test_an_answer_cut_short_on_every_attempt_names_the_object`.)"""
     bucket, proxy = proxied
     a = adapter(bucket)
     a.put(f"{bucket.name}/a.bin", SMALL)

@@ -127,6 +127,11 @@ def _failure(url: str, what: str, exc: Exception) -> Exception | None:
     if type(exc) is OSError and str(exc).startswith("Forbidden"):
         detail = str(exc).partition("\n")[2]
         return PermissionError(f"{url}: {what} answered HTTP 403: {_said(detail)}")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        # The body ended before its Content-Length on every retry gcsfs made: never short
+        # data, and (a resource, a listing) no bare aiohttp error naming nothing.
+        return IntegrityError(f"{url}: {what} arrived short on every attempt ({exc})",
+                              url=url, expected="the whole answer", found="a short body")
     if isinstance(exc, aiohttp.ClientError) and not isinstance(
             exc, aiohttp.ClientPayloadError | OSError):
         # A connection the store closed (ServerDisconnectedError) on every retry gcsfs made.
@@ -513,12 +518,6 @@ class GCSAdapter(Adapter):
                     path, f"GET of bytes {start}-{start + length - 1}", "GET", media,
                     alt="media", **pin,
                     headers={"Range": f"bytes={start}-{start + length - 1}"})
-            except aiohttp.ClientPayloadError as exc:
-                # The body ended before its Content-Length on every retry gcsfs made.
-                raise IntegrityError(
-                    f"{url}: bytes {start}-{start + length - 1} arrived short on every "
-                    f"attempt ({exc})", url=url, expected=length, found="a short body"
-                ) from exc
             except (FileNotFoundError, FileExistsError) as exc:
                 # 404 for a generation that is gone, 412 (gcsfs: FileExistsError) for a
                 # live object that is another generation now.
