@@ -484,6 +484,21 @@ def test_a_stalled_body_is_a_timeout_naming_the_blob(
     assert "HTTP None" not in str(raised.value)
 
 
+@pytest.mark.parametrize("call", ["now", "list_uploads"])
+def test_a_refused_listing_for_clean_is_the_builtin_naming_the_prefix(
+        proxied: tuple[Bucket, FaultProxy], call: str) -> None:
+    """What `durable clean` lists (the store's clock, uploads left open) refused with 403:
+    a PermissionError naming the prefix, as every other listing's; it was the SDK's
+    HttpResponseError (no OSError), naming nothing."""
+    bucket, proxy = proxied
+    proxy.add(error(403, match=Match(methods="GET", query="comp")))
+    a = adapter(bucket)
+    with pytest.raises(PermissionError, match=f"{bucket.name}/d.*: listing answered HTTP "
+                                              "403") as raised:
+        getattr(a, call)(f"{bucket.name}/d/x")
+    assert not isinstance(raised.value, HttpResponseError)
+
+
 def test_an_error_page_served_as_200_to_a_listing_is_refused(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an error page as 200 to List Blobs: an IntegrityError naming the

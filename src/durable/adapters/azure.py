@@ -47,7 +47,7 @@ import hashlib
 import io
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 
@@ -411,8 +411,16 @@ class AzureAdapter(Adapter):
                         break
             return out
 
+        result: dict[str, ObjectInfo] = self._list_run(prefix, run)
+        return result
+
+    def _list_run(self, prefix: str, run: Callable[[], Awaitable[Any]]) -> Any:
+        """``run()`` (a listing below ``prefix``) on the filesystem's loop, with Azure's
+        refusals as our errors: the SDK's own (no OSError) named nothing, and stopped a
+        `durable clean` (the store's clock, uploads left open) on the first 403 or 503."""
+        container = self._split(prefix.rstrip("/") + "/")[0]
         try:
-            result: dict[str, ObjectInfo] = sync(self.fs.loop, run)
+            return sync(self.fs.loop, run)
         except ResourceNotFoundError as exc:
             # A missing container is a configuration error, not an empty listing (which
             # would make every entry in it look ABSENT).
@@ -429,7 +437,6 @@ class AzureAdapter(Adapter):
             raise IntegrityError(f"{url}: the listing's answer is not a blob listing ({exc}; "
                                  "an error page served as 200?)", url=url,
                                  expected="EnumerationResults", found=str(exc)) from exc
-        return result
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
         return dict(sorted(self._listing(prefix).items()))
@@ -574,7 +581,7 @@ class AzureAdapter(Adapter):
                 async for _ in pages:
                     break
 
-        sync(self.fs.loop, run)
+        self._list_run(path, run)
         try:
             return parsedate_to_datetime(seen[0]).timestamp() if seen else None
         except (TypeError, ValueError):
@@ -621,10 +628,7 @@ class AzureAdapter(Adapter):
                 found = await asyncio.gather(*(gated(n, t) for n, t in empty))
             return [u for u in found if u is not None]
 
-        try:
-            uploads: list[Upload] = sync(self.fs.loop, run)
-        except ResourceNotFoundError as exc:
-            raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
+        uploads: list[Upload] = self._list_run(prefix, run)
         return uploads
 
     def abort_upload(self, upload: Upload) -> None:
