@@ -499,6 +499,20 @@ def test_a_refused_listing_for_clean_is_the_builtin_naming_the_prefix(
     assert not isinstance(raised.value, HttpResponseError)
 
 
+def test_a_refused_delete_is_the_builtin_naming_the_blob(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A Delete Blob refused (403): a PermissionError naming the blob, as on S3; it was
+    the SDK's HttpResponseError, naming nothing (a `durable clean` stopped on it)."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    a.put(f"{bucket.name}/d/a.bin", b"a")
+    proxy.add(error(403, match=Match(methods="DELETE")))
+    with pytest.raises(PermissionError, match=f"{bucket.name}/d/a.bin: delete_blob answered "
+                                              "HTTP 403") as raised:
+        a.delete([f"{bucket.name}/d/a.bin"])
+    assert not isinstance(raised.value, HttpResponseError)
+
+
 def test_an_error_page_served_as_200_to_a_listing_is_refused(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A gateway serving an error page as 200 to List Blobs: an IntegrityError naming the

@@ -499,6 +499,19 @@ def test_a_refused_upload_is_the_builtin_naming_the_object(
     assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
 
 
+def test_a_refused_delete_is_the_builtin_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A DELETE refused (403): a PermissionError naming the object, as on S3; it was
+    gcsfs's "Forbidden: b/NAME/o/KEY" (a URL path, not the object's URL)."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    a.put(f"{bucket.name}/d/a.bin", b"a")
+    proxy.add(error(403, match=Match(methods="DELETE")))
+    with pytest.raises(PermissionError, match=f"gs://{bucket.name}/d/a.bin: DELETE answered "
+                                              "HTTP 403"):
+        a.delete([f"{bucket.name}/d/a.bin"])
+
+
 def test_a_stalled_body_is_a_timeout_naming_the_object(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A body that never comes, with gcsfs's requests_timeout set (without it gcsfs waits

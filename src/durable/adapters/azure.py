@@ -690,8 +690,17 @@ class AzureAdapter(Adapter):
 
         async def one(container: str, key: str) -> None:
             async with limit, self.fs.service_client.get_blob_client(container, key) as c:
-                with contextlib.suppress(ResourceNotFoundError):
-                    await c.delete_blob(delete_snapshots="include")
+                try:
+                    await c.delete_blob(delete_snapshots="include", **self._timeouts)
+                except ResourceNotFoundError:
+                    pass  # gone already: what a delete wants
+                except HttpResponseError as exc:
+                    # The SDK's error (no OSError) named no blob: a cleanup's 403 was opaque.
+                    raise _failure(self.url(f"{container}/{key}"), "delete_blob", exc
+                                   ) from exc
+                except AzureError as exc:
+                    raise _unanswered(self.url(f"{container}/{key}"), "delete_blob", exc
+                                      ) from exc
 
         await asyncio.gather(*(one(c, k) for c, k in keys))
 

@@ -651,8 +651,16 @@ class GCSAdapter(Adapter):
 
         async def one(bucket: str, key: str) -> None:
             async with limit:
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     await self.fs._call("DELETE", "b/{}/o/{}", bucket, key)
+                except FileNotFoundError:
+                    pass  # gone already: what a delete wants
+                except (HttpError, OSError, ValueError, aiohttp.ClientError) as exc:
+                    # gcsfs's "Forbidden: b/NAME/o/KEY" or HttpError: as every request's.
+                    failure = _failure(self.url(f"{bucket}/{key}"), "DELETE", exc)
+                    if failure is None:
+                        raise
+                    raise failure from exc
 
         await asyncio.gather(*(one(b, k) for b, k in keys))
 
