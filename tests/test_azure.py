@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import fsspec
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
@@ -33,6 +34,7 @@ from durable.testing.faults import (
     Match,
     RequestInfo,
     corrupt_part_bytes,
+    delay,
     drop_connection,
     error,
     error_body_with_200,
@@ -315,6 +317,39 @@ def test_corruption_behind_durables_back_is_caught(azure_container: Bucket,
         read_verified(url, storage_options=options)
 
 
+@pytest.mark.parametrize("scheme", ["az", "abfs"])
+def test_every_url_shown_uses_the_callers_scheme(azure_container: Bucket, raw: Raw,
+                                                 scheme: str) -> None:
+    """adlfs names itself abfs://: a user of az:// URLs was shown abfs:// ones (in errors,
+    entry URLs, `durable scan`, durable::), names they never wrote; each is shown as
+    written."""
+    options = azure_container.storage_options
+    root = f"{scheme}://{azure_container.name}"
+    other = "abfs" if scheme == "az" else "az"
+    with pytest.raises(FileNotFoundError) as missing:
+        read_verified(f"{root}/nope.bin", storage_options=options)
+    raw.put("e/x.bin", b"x")
+    raw.put(".durable/e/commit.json", b"not json")
+    with pytest.raises(durable.MarkerError) as corrupt:
+        Entry(f"{root}/e", storage_options=options).state()
+    entry = Entry(f"{root}/e2", storage_options=options)
+    with entry.writing() as w:
+        w.fs.pipe_file(f"{w.path}/y.bin", b"y")
+    result = CliRunner().invoke(cli, ["scan", "--json", root, "--storage-options",
+                                      json.dumps(options)])
+    chained, inner = fsspec.core.url_to_fs(f"durable::{root}/nope.bin", **{scheme: options})
+    with pytest.raises(FileNotFoundError) as through_fs:
+        chained.cat_file(inner)
+    shown = [str(missing.value), str(corrupt.value), entry.url, result.output,
+             str(through_fs.value)]
+    assert f"{root}/nope.bin" in shown[0]
+    assert f"durable::{root}/nope.bin" in shown[4]
+    assert f"{root}/.durable/e/commit.json" in shown[1]
+    assert entry.url == f"{root}/e2"
+    assert f"{root}/e2" in shown[3], result.output
+    assert not [text for text in shown if f"{other}://" in text]
+
+
 # -------------------------------------------------------------------------- pinned reads
 @pytest.mark.parametrize("source", ["stat", "listing"])
 def test_blob_replaced_mid_read_is_an_error(azure_container: Bucket, raw: Raw,
@@ -429,6 +464,53 @@ def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_blob(
     with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
                                       "Serv[A-Za-z]*Error: Server disconnected"):
         read_verified(url, storage_options=bucket.storage_options)
+
+
+def test_a_stalled_body_is_a_timeout_naming_the_blob(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A body that never comes: with adlfs's read_timeout storage option (which the
+    adapter's own requests ignored: they waited the SDK's 60 s per attempt, 3 minutes), a
+    TimeoutError naming the blob and saying it stalled; it said "answered HTTP None"."""
+    bucket, proxy = proxied
+    options = {**bucket.storage_options, "read_timeout": 1}
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=options) as f:
+        f.write(b"s" * 1000)
+    proxy.add(delay(600, where="body", match=Match(methods="GET")))
+    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* "
+                                           "stalled: no data within the read timeout") \
+            as raised:
+        read_verified(url, storage_options=options)
+    assert "HTTP None" not in str(raised.value)
+
+
+@pytest.mark.parametrize("call", ["now", "list_uploads"])
+def test_a_refused_listing_for_clean_is_the_builtin_naming_the_prefix(
+        proxied: tuple[Bucket, FaultProxy], call: str) -> None:
+    """What `durable clean` lists (the store's clock, uploads left open) refused with 403:
+    a PermissionError naming the prefix, as every other listing's; it was the SDK's
+    HttpResponseError (no OSError), naming nothing."""
+    bucket, proxy = proxied
+    proxy.add(error(403, match=Match(methods="GET", query="comp")))
+    a = adapter(bucket)
+    with pytest.raises(PermissionError, match=f"{bucket.name}/d.*: listing answered HTTP "
+                                              "403") as raised:
+        getattr(a, call)(f"{bucket.name}/d/x")
+    assert not isinstance(raised.value, HttpResponseError)
+
+
+def test_a_refused_delete_is_the_builtin_naming_the_blob(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A Delete Blob refused (403): a PermissionError naming the blob, as on S3; it was
+    the SDK's HttpResponseError, naming nothing (a `durable clean` stopped on it)."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    a.put(f"{bucket.name}/d/a.bin", b"a")
+    proxy.add(error(403, match=Match(methods="DELETE")))
+    with pytest.raises(PermissionError, match=f"{bucket.name}/d/a.bin: delete_blob answered "
+                                              "HTTP 403") as raised:
+        a.delete([f"{bucket.name}/d/a.bin"])
+    assert not isinstance(raised.value, HttpResponseError)
 
 
 def test_an_error_page_served_as_200_to_a_listing_is_refused(

@@ -58,9 +58,8 @@ class Store:
         return "/".join([self.bucket.url, self.root, *parts])
 
     def canonical(self, *parts: str) -> str:
-        """How durable names the place (adlfs's protocol is abfs, whatever the URL said)."""
-        url = self.url(*parts)
-        return "abfs" + url.removeprefix("az") if url.startswith("az://") else url
+        """How durable names the place: as the URL given (az://, not adlfs's abfs://)."""
+        return self.url(*parts)
 
     def key(self, rel: str) -> str:
         return f"{self.root}/{rel}"
@@ -376,3 +375,30 @@ def test_a_gcs_writer_killed_mid_upload_leaves_nothing_clean_could_see(
     assert (code, doc["items"], doc["kept"]) == (0, [], [])
     assert gcs.snapshot() == {"done.bin": b"committed"}
 
+
+
+@pytest.mark.parametrize("with_data", [True, False], ids=["data", "no-data"])
+def test_objects_below_the_markers_name_are_an_error_never_unfinished(
+        store: Store, with_data: bool) -> None:
+    """Objects stored below ``commit.json/`` (the marker made a "directory"), where no
+    marker is: a MarkerError naming the marker, as a directory there is on a local disk.
+    Read as "no marker", the entry was INCOMPLETE (in `durable scan` too), a leftover for
+    `durable clean`."""
+    import durable
+
+    if with_data:
+        store.write("e/c/0", b"data")
+    store.write(".durable/e/commit.json/x", b"{}")
+    before = store.snapshot()
+    where = store.canonical(".durable", "e", "commit.json")
+    entry = durable.Entry(store.url("e"), storage_options=store.options)
+    with pytest.raises(durable.MarkerError, match=f"{where}: no commit marker, but objects "
+                                                  f"stored below its name"):
+        entry.status()
+    with pytest.raises(durable.MarkerError, match=where), entry.writing():
+        pass
+    _, doc = run(store, "scan", store.url())
+    (row,) = [r for r in doc["entries"] if r["url"] == store.canonical("e")]
+    assert row["state"] == "ERROR" and f"{where}: no commit marker" in row["reason"], row
+    run(store, "clean", store.url(), "--older-than", "0", "--apply")
+    assert store.snapshot() == before

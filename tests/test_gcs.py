@@ -30,6 +30,7 @@ import durable
 from durable import Entry, IntegrityError, atomic_write, read_verified
 from durable._checksum import crc_to_b64
 from durable.adapters import adapter_for_fs
+from durable.adapters import gcs as gcs_adapter
 from durable.adapters.base import Adapter
 from durable.adapters.gcs import CHUNK, GCSAdapter
 from durable.cli import cli
@@ -498,6 +499,19 @@ def test_a_refused_upload_is_the_builtin_naming_the_object(
     assert Entry(url, storage_options=bucket.storage_options).state() is durable.State.ABSENT
 
 
+def test_a_refused_delete_is_the_builtin_naming_the_object(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A DELETE refused (403): a PermissionError naming the object, as on S3; it was
+    gcsfs's "Forbidden: b/NAME/o/KEY" (a URL path, not the object's URL)."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    a.put(f"{bucket.name}/d/a.bin", b"a")
+    proxy.add(error(403, match=Match(methods="DELETE")))
+    with pytest.raises(PermissionError, match=f"gs://{bucket.name}/d/a.bin: DELETE answered "
+                                              "HTTP 403"):
+        a.delete([f"{bucket.name}/d/a.bin"])
+
+
 def test_a_stalled_body_is_a_timeout_naming_the_object(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A body that never comes, with gcsfs's requests_timeout set (without it gcsfs waits
@@ -509,9 +523,27 @@ def test_a_stalled_body_is_a_timeout_naming_the_object(
     with atomic_write(url, storage_options=options) as f:
         f.write(b"s" * 1000)
     proxy.add(delay(60, where="body", match=Match(methods="GET", query="alt")))
-    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-999 got no "
-                                           "whole answer"):
+    with pytest.raises(TimeoutError, match=f"{bucket.name}/a.bin: GET of bytes 0-999 "
+                                           "stalled: no whole answer within the storage "
+                                           "option requests_timeout"):
         read_verified(url, storage_options=options)
+
+
+def test_a_stalled_body_is_given_up_on_by_default(proxied: tuple[Bucket, FaultProxy],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcsfs sets no timeout: without requests_timeout in the storage options, a body that
+    never came was waited for as long as the store stalled (forever). The adapter sets
+    one (`gcs.READ_TIMEOUT` between reads, shortened here): the stalled GET is given up
+    and sent again, and the read gets the object."""
+    bucket, proxy = proxied
+    monkeypatch.setattr(gcs_adapter, "READ_TIMEOUT", 0.5)
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"s" * 1000)
+    assert bucket.filesystem().requests_timeout.sock_read == 0.5
+    proxy.add(delay(600, where="body", match=Match(methods="GET", query="alt"), times=1))
+    assert read_verified(url, storage_options=bucket.storage_options) == b"s" * 1000
+    assert proxy.count(method="GET", query="alt") == 2
 
 
 def test_a_ranged_get_answered_with_another_range_is_refused(
@@ -585,11 +617,55 @@ def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
         f.read(1000)  # bytes the short body does hold: still refused, the body is not whole
 
 
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcsfs's retries without their sleeps (1 + 2 + 4 + 8 + 16 s): the same six requests,
+    at once."""
+    import types
+
+    import gcsfs.retry
+
+    async def no_sleep(seconds: float) -> None:
+        return None
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=no_sleep))
+
+
+@pytest.mark.parametrize("request_kind", ["resource", "listing", "media"])
+@pytest.mark.usefixtures("no_backoff")
+def test_an_answer_cut_short_on_every_attempt_names_the_object(
+        proxied: tuple[Bucket, FaultProxy], request_kind: str) -> None:
+    """The JSON answer to an object's resource GET, or to a listing, cut short on every
+    attempt gcsfs made: an IntegrityError naming the object (or prefix) and the request;
+    it was aiohttp's bare ClientPayloadError, naming nothing. (The object's bytes were
+    already: never short data.)"""
+    bucket, proxy = proxied
+    url = bucket.path("e", "a.bin")
+    with atomic_write(url, storage_options=bucket.storage_options) as f:
+        f.write(b"c" * 1000)
+    if request_kind == "resource":
+        proxy.add(truncate_body(keep=10, match=Match(methods="GET", query="!alt",
+                                                     path=r"/o/e/a\.bin$")))
+        with pytest.raises(IntegrityError, match=f"{bucket.name}/e/a.bin: GET of its "
+                                                 "resource arrived short on every attempt"):
+            read_verified(url, storage_options=bucket.storage_options)
+    elif request_kind == "media":
+        proxy.add(truncate_body(keep=10, match=Match(methods="GET", query="alt")))
+        with pytest.raises(IntegrityError, match=f"{bucket.name}/e/a.bin: GET of bytes 0-999 "
+                                                 "arrived short on every attempt"):
+            read_verified(url, storage_options=bucket.storage_options)
+    else:
+        proxy.add(truncate_body(keep=10, match=Match(methods="GET", path=r"/o$")))
+        with pytest.raises(IntegrityError, match=f"{bucket.name}/e: listing arrived short "
+                                                 "on every attempt"):
+            Entry(bucket.path("e"), storage_options=bucket.storage_options).verify()
+
+
 def test_body_cut_mid_way_is_fetched_again_never_returned_short(
         proxied: tuple[Bucket, FaultProxy]) -> None:
     """A connection dropped mid-body (full Content-Length, 1000 bytes): gcsfs retries the
     same pinned range. (Cut on every attempt, it is an IntegrityError after gcsfs's six
-    tries, about 30 s of backoff: too slow to run here.)"""
+    tries: `test_an_answer_cut_short_on_every_attempt_names_the_object`.)"""
     bucket, proxy = proxied
     a = adapter(bucket)
     a.put(f"{bucket.name}/a.bin", SMALL)

@@ -8,6 +8,7 @@ object behind durable's back), so the adapter never grades its own homework.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import threading
@@ -20,6 +21,7 @@ import pytest
 from durable import (
     Entry,
     IntegrityError,
+    MarkerError,
     State,
     atomic_write,
     open_verified,
@@ -555,6 +557,21 @@ def test_403_error_document_is_never_returned(
         _adapter(via_proxy).read(f"{s3_bucket.name}/obj.bin")
 
 
+def test_a_stalled_body_is_a_timeout_naming_the_object(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
+    """A body that never comes (botocore's read timeout, shortened here by the storage
+    option, every time the reader asks again): a TimeoutError saying it stalled, as on GCS
+    and Azure; it was an IntegrityError calling it a body that "ended at byte 0"."""
+    _write(s3_bucket, "obj.bin", b"payload" * 100)
+    options = {**via_proxy, "config_kwargs": {"read_timeout": 1}}
+    proxy.add(faults.delay(600, where="body", method="GET", path=_only("obj.bin")))
+    with pytest.raises(TimeoutError, match=r"s3://.*/obj\.bin: the body stalled at byte 0 "
+                                           "of 700: no data within the client's read "
+                                           "timeout") as raised:
+        read_verified(s3_bucket.path("obj.bin"), storage_options=options)
+    assert not isinstance(raised.value, IntegrityError)
+
+
 def test_error_document_served_as_200_is_refused_by_the_record(
         s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any]) -> None:
     _write(s3_bucket, "obj.bin", b"payload")  # its record in its own metadata
@@ -569,6 +586,30 @@ def test_error_document_served_as_200_is_refused_by_the_record(
     # as what it is (the sniff of durable._verified.error_document), never returned.
     with pytest.raises(IntegrityError, match=r"obj\.bin: .*error document with code"):
         read_verified(s3_bucket.path("obj.bin"), storage_options=via_proxy)
+
+
+@pytest.mark.parametrize("how", ["served with 200", "stored XML", "stored GCS JSON"])
+def test_a_marker_that_is_an_error_document_is_named_as_one(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], how: str) -> None:
+    """A commit marker whose body is an object store's error page (a broken proxy's 200,
+    or a 403 body stored in its place): a MarkerError naming the marker and saying what
+    it is, with its code; it said only "not valid JSON (Expecting value: line 1 ...)"."""
+    url = s3_bucket.path("runs", "ds")
+    with Entry(url, storage_options=s3_bucket.storage_options).writing() as w:
+        w.write_bytes("a.bin", b"payload")
+    marker = f"{s3_bucket.name}/runs/.durable/ds/commit.json"
+    if how == "served with 200":
+        proxy.add(faults.error_body_with_200(path=_only("runs/.durable/ds/commit.json")))
+    elif how == "stored XML":
+        s3_bucket.filesystem().pipe_file(marker, faults.s3_error_document("AccessDenied",
+                                                                          "Access Denied"))
+    else:
+        s3_bucket.filesystem().pipe_file(marker, json.dumps(
+            {"error": {"code": 403, "message": "Access Denied"}}).encode())
+    code = "403" if how == "stored GCS JSON" else "AccessDenied"
+    with pytest.raises(MarkerError, match=rf"s3://{marker}: the body is an object "
+                                          rf"store's error document with code {code}"):
+        Entry(url, storage_options=via_proxy).state()
 
 
 def test_corrupt_part_is_caught_at_write_time_by_the_crc32c_the_store_computed(

@@ -54,7 +54,7 @@ def _checkpoints(root: str, options: dict[str, Any]) -> dict[str, bytes]:
 
 
 def _key(url: str, b: Bucket) -> str:
-    """The key inside the bucket of a URL durable gave (Azure's say ``abfs://``)."""
+    """The key inside the bucket of a URL durable gave, whatever its scheme."""
     return url.partition(f"{b.name}/")[2]
 
 

@@ -1549,3 +1549,23 @@ def test_metadata_nested_too_deeply_is_named_not_a_recursion_error(tmp_path: Any
         w.write_bytes("zarr.json", b"[" * 100_000 + b"]" * 100_000)
     with pytest.raises(ValueError, match=r"deep/zarr\.json: not a JSON metadata document"):
         dts.open(url)
+
+
+def test_a_huge_marker_on_s3_is_refused_without_downloading_it(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """A commit.json of 48 MiB (hostile or corrupt) on S3: the open refuses it by the size
+    its GET's headers give, before its body is read; tensorstore's own read (which the
+    open used) downloaded all of it, then checked the 4 MiB limit."""
+    url = s3_bucket.path("arr")
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    dts.write(url, np.arange(16, dtype="i4").reshape(4, 4),
+              storage_options=s3_bucket.storage_options)
+    size = 48 * 1024 * 1024
+    s3_bucket.filesystem().pipe_file(f"{s3_bucket.name}/.durable/arr/commit.json",
+                                     b"{" + b" " * (size - 2) + b"}")
+    with pytest.raises(MarkerError, match=rf"arr/commit\.json is {size} bytes, over the "
+                                          "limit of"):
+        dts.open(url, storage_options=via)
+    gets = [r.response_bytes for r in proxy.requests
+            if r.method == "GET" and r.path.endswith("/arr/commit.json")]
+    assert gets and sum(gets) < size // 4, gets  # what the sockets' buffers took, at most

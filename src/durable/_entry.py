@@ -330,8 +330,26 @@ class Entry:
                                               f"{marker.attempt}", marker)
             return Status(State.INCOMPLETE, f"marker present but data gone: {missing}", marker)
         if looked and info is not None:
+            self._refuse_marker_prefix()
             return Status(State.INCOMPLETE, "data present but no commit marker")
         return self._status_unmarked(leased, stat_taken=looked, own_attempt=own_attempt)
+
+    def _refuse_marker_prefix(self, records: dict[str, ObjectInfo] | None = None) -> None:
+        """MarkerError if objects are stored below the marker's name (``commit.json/x``)
+        where no marker is: the marker made a "directory" of, a hostile or corrupt layout.
+        Read as "no marker", the entry looked INCOMPLETE, which a cleanup may remove; on
+        a local disk the marker's read refuses such a directory already. ``records``: the
+        records dir, if listed (it answers for free); else one listing below the name,
+        made only where the entry would be found unmarked."""
+        below = [k for k in records if k.startswith(f"{MARKER_NAME}/")] if records is not None \
+            else list(self.adapter.list(self.layout.marker))
+        if below:
+            where = self.adapter.url(self.layout.marker)
+            raise MarkerError(f"{where}: no commit marker, but objects stored below its name "
+                              f"(as {where}/{below[0].removeprefix(f'{MARKER_NAME}/')}): "
+                              "the marker made a directory, a hostile or corrupt layout, "
+                              "not an unfinished write", url=where, expected="a marker object",
+                              found="objects below its name")
 
     def _object_status(self, marker: Marker, info: ObjectInfo | None) -> Status:
         """A single object's state from its record and the stat taken with it."""
@@ -361,11 +379,13 @@ class Entry:
                 own = Marker.from_metadata(info.record if info else None, self.url)
                 if own is not None:
                     return self._object_status(own, info)
+            self._refuse_marker_prefix(records)
             return Status(State.INCOMPLETE, "data present but no commit marker")
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
         if records is None:
             # A listing, not exists(): the records dir is never an object (no HEAD needed).
             records = self.adapter.list(self.layout.records)
+        self._refuse_marker_prefix(records)
         mine = (self.layout.attempt_record(own_attempt)[len(self.layout.records) + 1:]
                 if own_attempt is not None else None)
         # Exactly this writer's own record is ignored: any other (another writer's attempt

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durable._checksum import CRC32C_RESIDUE, crc32c, crc_from_hex, crc_to_hex
+from durable._error_document import refuse_error_document
 from durable._errors import MarkerError, UnsupportedError
 from durable._version import __version__
 
@@ -553,8 +554,14 @@ def _loads(data: bytes, where: str) -> dict[str, Any]:
                           "object; which value to trust would be a guess",
                           url=where) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # An S3 or Azure error page (XML) stored or served as the record: said as such,
+        # with its code, not as a JSON syntax error at line 1 that names nothing found.
+        refuse_error_document(where, data, error=MarkerError, served_as="a durable record")
         raise MarkerError(f"{where}: not valid JSON ({exc})", url=where) from None
     if not isinstance(doc, dict):
         raise MarkerError(f"{where}: must be a JSON object, got {type(doc).__name__}",
                           url=where)
+    if doc.keys() == {"error"}:
+        # GCS's JSON error document parses: "not a durable commit marker" would not say so.
+        refuse_error_document(where, data, error=MarkerError, served_as="a durable record")
     return doc

@@ -432,7 +432,14 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
         key, what, path = job
         try:
             if what == "marker":
-                return Entry(sv.entry_path(key), adapter=sv.adapter).read_marker()
+                entry = Entry(sv.entry_path(key), adapter=sv.adapter)
+                marker = entry.read_marker()
+                if marker is None:
+                    # Listed at or below the marker's name, read as none: objects below it
+                    # (on an object store; a local disk's read says so itself) are an error
+                    # naming it, or the entry was INCOMPLETE, a leftover to clean.
+                    entry._refuse_marker_prefix()
+                return marker
             if what == "own":
                 # A stat `split_recorded` took already is not taken again.
                 info = sv.stats[key] if key in sv.stats else sv.adapter.info(path)

@@ -14,81 +14,20 @@ from __future__ import annotations
 
 import errno
 import io
-import json
 import numbers
-import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NoReturn
 
 from durable._checksum import Checksum, crc_to_hex
 from durable._checksum import crc32c as crc32c_of
 from durable._entry import nearest_marked
+from durable._error_document import ERROR_DOC_LIMIT, error_document, refuse_error_document
 from durable._errors import IncompleteError, IntegrityError
 from durable._protocol import Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters._ranged import seek_position
 
 __all__ = ["error_document", "find_record", "open_verified", "read_verified"]
-
-#: S3, GCS and Azure error documents are a few hundred bytes (well under 4 KiB); a larger
-#: body is never taken for one, so no object of a real size can be refused by the sniff.
-ERROR_DOC_LIMIT = 64 * 1024
-_BOM = b"\xef\xbb\xbf"
-_DTD = re.compile(rb"<!DOCTYPE|<!ENTITY", re.IGNORECASE)
-
-
-def error_document(data: bytes | bytearray) -> tuple[str, str] | None:
-    """(code, message) if ``data`` is an object store's error document, else None.
-
-    XML (S3, GCS XML API, Azure): after an optional BOM and whitespace, an XML declaration
-    or ``<Error>``, and an ``<Error>`` root with ``<Code>`` and ``<Message>`` children.
-    JSON (GCS JSON API): ``{"error": {"code": 4xx/5xx, "message": "..."}}`` and nothing
-    else at the top. At most `ERROR_DOC_LIMIT` bytes.
-    """
-    if len(data) > ERROR_DOC_LIMIT:
-        return None
-    body = bytes(data).removeprefix(_BOM).lstrip()
-    if body.startswith((b"<?xml", b"<Error>")):
-        if b"<Error>" not in body:
-            return None  # no parse of every small XML document read (a config, a zarr v2)
-        if _DTD.search(body):
-            return None  # error documents have no DTD; one could expand entities
-        try:
-            root = ET.fromstring(body)
-        except ET.ParseError:
-            return None
-        code = (root.findtext("Code") or "").strip()
-        if root.tag != "Error" or not code or root.find("Message") is None:
-            return None
-        return code, (root.findtext("Message") or "").strip()
-    if body.startswith(b"{") and b'"error"' in body:
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
-            return None
-        err = doc.get("error") if isinstance(doc, dict) and doc.keys() == {"error"} else None
-        if not isinstance(err, dict):
-            return None
-        status, text = err.get("code"), err.get("message")
-        # bool is an int: {"code": true} is not a status
-        if type(status) is int and 400 <= status <= 599 and isinstance(text, str):
-            return str(status), text
-    return None
-
-
-def refuse_error_document(url: str, data: bytes | bytearray) -> None:
-    """IntegrityError if ``data``, the whole unrecorded object, is an error document."""
-    found = error_document(data)
-    if found is None:
-        return
-    code, message = found
-    raise IntegrityError(
-        f"{url}: the body is an object store's error document with code {code} "
-        f"({message[:200]!r}) served as the object (a gateway or cache answering with an "
-        "error page); it is not returned as data", url=url, expected="the object's bytes",
-        found=f"an error document ({code})")
-
 
 @dataclass(frozen=True)
 class Recorded:

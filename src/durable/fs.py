@@ -300,7 +300,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             raise ValueError("give either fs= or target_protocol=/options, not both")
         self.fs = fs
         self.verify: VerifyLevel | None = verify
-        self.adapter = adapter_for_fs(fs)
+        self.adapter = adapter_for_fs(fs, target_protocol)
         # Each entry's marker read once per commit, not once per object (`RecordCache`).
         self.records = RecordCache(self.adapter)
         # Paths are the inner filesystem's own. fsspec calls these on instances, so the
@@ -321,7 +321,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         return self.fs._strip_protocol(path)
 
     def unstrip_protocol(self, name: str) -> str:
-        return f"{PROTOCOL}::{self.fs.unstrip_protocol(name)}"
+        return f"{PROTOCOL}::{self.adapter.url(name)}"
 
     # writing ------------------------------------------------------------------------------
     def open(self, path: Any, mode: str = "rb", block_size: Any = None,

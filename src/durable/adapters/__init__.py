@@ -38,7 +38,7 @@ _REGISTRY: dict[str, str] = {
     "az": "durable.adapters.azure:AzureAdapter",
 }
 _GENERIC = "durable.adapters.generic:GenericAdapter"
-_CACHE: dict[int, Adapter] = {}
+_CACHE: dict[tuple[int, str | None], Adapter] = {}
 _LOCK = threading.Lock()
 
 
@@ -58,16 +58,25 @@ def _load(target: str) -> type[Adapter]:
     return cls
 
 
-def adapter_for_fs(fs: Any) -> Adapter:
-    """The adapter for an fsspec filesystem instance (one per instance, reused)."""
-    key = id(fs)
+def adapter_for_fs(fs: Any, scheme: str | None = None) -> Adapter:
+    """The adapter for an fsspec filesystem instance (one per instance and scheme, reused).
+
+    ``scheme``: the one the caller's URL used (``az``), which every URL the adapter shows
+    then uses; ignored where it is not one of the filesystem's protocols, or is its first.
+    """
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    if scheme is not None:
+        scheme = scheme.lower()
+        if scheme not in protocols[1:]:
+            scheme = None
+    key = (id(fs), scheme)
     with _LOCK:
         adapter = _CACHE.get(key)
         if adapter is not None and adapter.fs is fs:
             return adapter
-    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
     target = next((_REGISTRY[p] for p in protocols if p in _REGISTRY), _GENERIC)
     adapter = _load(target)(fs)
+    adapter.scheme = scheme
     with _LOCK:
         _CACHE[key] = adapter
     return adapter
@@ -82,7 +91,9 @@ def resolve(url: str | os.PathLike[str],
     if not text:
         raise ValueError("an empty URL names no object (it would be the current directory)")
     fs, path = url_to_fs(text, **(storage_options or {}))
-    adapter = adapter_for_fs(fs)
+    # The scheme of the innermost URL of a chain ("simplecache::az://c/k"): the user's own.
+    scheme, sep, _ = text.rpartition("::")[2].partition("://")
+    adapter = adapter_for_fs(fs, scheme if sep else None)
     if "://" in text:
         refuse_ambiguous(adapter, path, text)
     return adapter, path

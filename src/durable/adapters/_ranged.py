@@ -120,7 +120,12 @@ class PinnedRangeReader(_SizedReader):
 
 class BrokenBody(Exception):
     """Raised by `Body.read` when the transport broke mid-body (a reset connection, a
-    timeout): the reader asks again from where it stopped, as for a body that ended early."""
+    timeout): the reader asks again from where it stopped, as for a body that ended early.
+    ``stalled``: no data came within the client's read timeout."""
+
+    def __init__(self, why: str, *, stalled: bool = False) -> None:
+        super().__init__(why)
+        self.stalled = stalled
 
 
 class Body(Protocol):
@@ -150,6 +155,7 @@ class PinnedStreamReader(_SizedReader):
         # Counted over the reader's life: a store that cuts every body must not cost one
         # request per fragment of the object.
         self._failures: list[str] = []
+        self._stalls = 0  # of them, bodies that stalled past the read timeout
 
     def _moved(self) -> None:
         self._drop()
@@ -171,10 +177,18 @@ class PinnedStreamReader(_SizedReader):
                 chunk, why = self._body.read(min(want, self._left)), "end of body"
             except BrokenBody as exc:
                 chunk, why = b"", str(exc)
+                self._stalls += exc.stalled
             if chunk:
                 break
             self._failures.append(why)
             self._drop()
+            if len(self._failures) > self._retries and self._stalls == len(self._failures):
+                # A store that sends nothing more is no short body: said as what it is,
+                # the builtin a caller of a network read catches.
+                raise TimeoutError(
+                    f"{self.url}: the body stalled at byte {self._pos} of {self.size}: no "
+                    f"data within the client's read timeout, {len(self._failures)} times; "
+                    "nothing short is returned")
             if len(self._failures) > self._retries:
                 raise IntegrityError(
                     f"{self.url}: body ended at byte {self._pos} of {self.size} "

@@ -16,7 +16,7 @@ from fsspec.asyn import sync
 
 from durable._errors import IntegrityError
 from durable.adapters._ranged import BrokenBody
-from durable.adapters.base import ObjectInfo, strong_etag
+from durable.adapters.base import ObjectInfo, caused_by, strong_etag
 
 __all__ = ["BODY_BROKEN", "MULTIPART_ETAG", "S3Body", "check_response", "error_fields", "etag",
            "failure"]
@@ -108,8 +108,15 @@ class S3Body:
             raise IntegrityError(f"{self._url}: the body does not match the CRC32C the store "
                                  f"recorded ({exc})", url=self._url) from None
         except BODY_BROKEN as exc:
-            raise BrokenBody(type(exc).__name__) from exc
+            raise BrokenBody(type(exc).__name__, stalled=_timed_out(exc)) from exc
         return data
 
     def close(self) -> None:
         self._body.close()
+
+
+def _timed_out(exc: BaseException) -> bool:
+    # aiohttp's read timeout surfaces as asyncio's TimeoutError (fsspec's FSTimeoutError
+    # once through its sync), botocore's as ReadTimeoutError (no builtin TimeoutError).
+    return caused_by(exc, lambda e: isinstance(e, TimeoutError)
+                     or "Timeout" in type(e).__name__)

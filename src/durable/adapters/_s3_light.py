@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 from fsspec.asyn import sync
 
+from durable._errors import IntegrityError
 from durable.adapters._s3_http import etag
 from durable.adapters.base import ObjectInfo
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
     from durable.adapters.s3 import S3Adapter
 
-__all__ = ["light_store", "list_below", "put"]
+__all__ = ["get_small", "light_store", "list_below", "put"]
 
 # obstore also reads AWS_* settings from the environment, and the explicit ones passed here
 # override only their own: any other it would apply (a session token beside explicit keys,
@@ -189,3 +190,50 @@ def list_below(store: Any, adapter: S3Adapter, bucket: str, start: str,
     except Exception:
         return None  # s3fs asks again and says what went wrong, as it always has
     return out
+
+
+def get_small(store: Any, adapter: S3Adapter, bucket: str, key: str, limit: int,
+              ) -> tuple[bytes | None] | None:
+    """(the object's bytes, or None if there is none), at most ``limit`` bytes: over it,
+    ValueError naming it, from the GET's headers before its body is taken in. None where
+    obstore cannot name the key exactly (nothing was sent: use s3fs). Errors as s3fs's."""
+    import obstore
+    from obstore.exceptions import (
+        InvalidPathError,
+        NotFoundError,
+        PermissionDeniedError,
+        UnauthenticatedError,
+    )
+
+    url = adapter.url(f"{bucket}/{key}")
+    try:
+        result = obstore.get(store, key)
+    except (InvalidPathError, ValueError) as exc:
+        if isinstance(exc, InvalidPathError) or "parse path" in str(exc):
+            return None
+        raise OSError(f"{url}: GET failed: {_said(exc)}") from exc
+    except (NotFoundError, FileNotFoundError):  # obstore raises the builtin for a GET
+        return (None,)
+    except (PermissionDeniedError, UnauthenticatedError, PermissionError) as exc:
+        raise PermissionError(f"{url}: GET answered HTTP 403: {_said(exc)}") from exc
+    except Exception as exc:
+        raise OSError(f"{url}: GET failed: {type(exc).__name__}: {_said(exc)}") from exc
+    size = int(result.meta["size"])
+    if size > limit:
+        # The body is a stream not read yet: dropped here, it is never downloaded.
+        raise ValueError(f"{url} is {size} bytes, over the limit of {limit}")
+    try:
+        data = bytes(result.bytes())
+    except Exception as exc:
+        raise OSError(f"{url}: GET failed in its body: {type(exc).__name__}: {_said(exc)}"
+                      ) from exc
+    if len(data) != size:
+        raise IntegrityError(f"{url}: GET answered {len(data)} bytes, its headers said "
+                             f"{size}", url=url, expected=size, found=len(data))
+    return (data,)
+
+
+def _said(exc: BaseException) -> str:
+    # object_store's message runs on with a multi-line "Debug source" dump: its first line.
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""

@@ -47,7 +47,7 @@ import hashlib
 import io
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 
@@ -59,6 +59,8 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
+    ServiceRequestTimeoutError,
+    ServiceResponseTimeoutError,
 )
 from azure.storage.blob import BlobBlock
 from fsspec.asyn import sync
@@ -75,6 +77,7 @@ from durable.adapters.base import (
     Upload,
     VerifyLevel,
     VersionMismatchError,
+    caused_by,
     strong_etag,
 )
 
@@ -93,6 +96,9 @@ _TOKEN = "durable_write"
 #: A block ID as `_AzureAtomicFile` names them: the writer's random prefix, the block number.
 _BLOCK_ID = re.compile(r"[0-9a-f]{16}-\d{6}")
 _RANGE_TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
+#: azure-storage-blob's wait for the next bytes of an answer, where the storage options set
+#: no read_timeout (said in the error of a stalled request).
+_READ_TIMEOUT = 60
 
 
 def _error_code(exc: HttpResponseError) -> str | None:
@@ -116,6 +122,10 @@ def _failure(url: str, what: str, exc: HttpResponseError) -> OSError:
     OSError, so a scan or a `durable verify` aborted on the first 403 or 503 instead of
     listing that object as unreadable."""
     status = exc.status_code
+    if status is None:
+        # No status to judge: the SDK wraps a body that broke off (a stall past its read
+        # timeout) in an HttpResponseError, which was said as "answered HTTP None".
+        return _unanswered(url, what, exc)
     code = _error_code(exc)
     label = f"HTTP {status} {code}" if code else f"HTTP {status}"
     said = str(exc.message or exc.reason or "").strip().splitlines()
@@ -128,21 +138,26 @@ def _failure(url: str, what: str, exc: HttpResponseError) -> OSError:
 
 
 def _unanswered(url: str, what: str, exc: AzureError) -> OSError:
-    """The OSError for a request that got no answer on any of the SDK's retries (a dropped
-    connection: ServiceRequestError / ServiceResponseError, no OSError), naming the blob."""
+    """The OSError for a request that got no (whole) answer on any of the SDK's retries (a
+    dropped connection: ServiceRequestError / ServiceResponseError, no OSError), naming the
+    blob; a TimeoutError where the store stalled past the read timeout."""
     said = " ".join(str(exc.message or exc).split())[:200]
+    if _caused_by(exc, ServiceRequestTimeoutError, ServiceResponseTimeoutError, TimeoutError):
+        return TimeoutError(f"{url}: {what} stalled: no data within the read timeout on "
+                            f"any attempt (storage option read_timeout, {_READ_TIMEOUT} s "
+                            f"unless set; {said})")
     return OSError(f"{url}: {what} failed: {type(exc).__name__}: {said}")
 
 
+def _caused_by(exc: BaseException, *kinds: type[BaseException]) -> bool:
+    # The SDK re-raises a transport failure inside its own errors: a body that ended early
+    # as a plain HttpResponseError whose cause is the IncompleteReadError it made of
+    # aiohttp's ClientPayloadError, a stall as one caused by a ServiceResponseTimeoutError.
+    return caused_by(exc, lambda e: isinstance(e, kinds))
+
+
 def _cut_short(exc: BaseException) -> bool:
-    # The SDK re-raises a body that ended early as a plain HttpResponseError whose cause
-    # is the IncompleteReadError it made of aiohttp's ClientPayloadError.
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, IncompleteReadError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return _caused_by(exc, IncompleteReadError)
 
 
 def _etag(value: object, url: str) -> str:
@@ -321,6 +336,13 @@ class AzureAdapter(Adapter):
         container, _, key = self.fs._strip_protocol(path).lstrip("/").partition("/")
         return container, key
 
+    @property
+    def _timeouts(self) -> dict[str, Any]:
+        # adlfs's storage options timeout, connection_timeout and read_timeout, which it
+        # applies to its own requests only: a stalled read of ours waited the SDK's default
+        # whatever the user set. Unset, the SDK's (read_timeout: 60 s between reads).
+        return dict(getattr(self.fs, "_timeout_kwargs", None) or {})
+
     def _exists_error(self, path: str) -> FileExistsError:
         return FileExistsError(f"{self.url(path)} exists: create-only write refused by "
                                "the store (If-None-Match: *)")
@@ -331,7 +353,7 @@ class AzureAdapter(Adapter):
 
         async def run() -> Any:
             async with self.fs.service_client.get_blob_client(container, key) as client:
-                return await getattr(client, method)(*args, **kwargs)
+                return await getattr(client, method)(*args, **self._timeouts, **kwargs)
 
         try:
             return sync(self.fs.loop, run)
@@ -378,7 +400,7 @@ class AzureAdapter(Adapter):
             out: dict[str, ObjectInfo] = {}
             async with self.fs.service_client.get_container_client(container) as client:
                 async for blob in client.list_blobs(name_starts_with=key,
-                                                    include=["metadata"]):
+                                                    include=["metadata"], **self._timeouts):
                     if _is_folder(blob.metadata) or blob.name.endswith("/"):
                         continue
                     out[blob.name[len(key):]] = ObjectInfo(
@@ -389,8 +411,16 @@ class AzureAdapter(Adapter):
                         break
             return out
 
+        result: dict[str, ObjectInfo] = self._list_run(prefix, run)
+        return result
+
+    def _list_run(self, prefix: str, run: Callable[[], Awaitable[Any]]) -> Any:
+        """``run()`` (a listing below ``prefix``) on the filesystem's loop, with Azure's
+        refusals as our errors: the SDK's own (no OSError) named nothing, and stopped a
+        `durable clean` (the store's clock, uploads left open) on the first 403 or 503."""
+        container = self._split(prefix.rstrip("/") + "/")[0]
         try:
-            result: dict[str, ObjectInfo] = sync(self.fs.loop, run)
+            return sync(self.fs.loop, run)
         except ResourceNotFoundError as exc:
             # A missing container is a configuration error, not an empty listing (which
             # would make every entry in it look ABSENT).
@@ -407,7 +437,6 @@ class AzureAdapter(Adapter):
             raise IntegrityError(f"{url}: the listing's answer is not a blob listing ({exc}; "
                                  "an error page served as 200?)", url=url,
                                  expected="EnumerationResults", found=str(exc)) from exc
-        return result
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
         return dict(sorted(self._listing(prefix).items()))
@@ -425,7 +454,8 @@ class AzureAdapter(Adapter):
         async def run() -> tuple[Any, bytes]:
             container, key = self._split(path)
             async with self.fs.service_client.get_blob_client(container, key) as client:
-                stream = await client.download_blob(offset=start, length=length, **pin)
+                stream = await client.download_blob(offset=start, length=length, **pin,
+                                                    **self._timeouts)
                 data: bytes = await stream.readall()
                 return stream.properties, data
 
@@ -551,7 +581,7 @@ class AzureAdapter(Adapter):
                 async for _ in pages:
                     break
 
-        sync(self.fs.loop, run)
+        self._list_run(path, run)
         try:
             return parsedate_to_datetime(seen[0]).timestamp() if seen else None
         except (TypeError, ValueError):
@@ -598,10 +628,7 @@ class AzureAdapter(Adapter):
                 found = await asyncio.gather(*(gated(n, t) for n, t in empty))
             return [u for u in found if u is not None]
 
-        try:
-            uploads: list[Upload] = sync(self.fs.loop, run)
-        except ResourceNotFoundError as exc:
-            raise FileNotFoundError(f"{self.url(container)}: no such container") from exc
+        uploads: list[Upload] = self._list_run(prefix, run)
         return uploads
 
     def abort_upload(self, upload: Upload) -> None:
@@ -663,8 +690,17 @@ class AzureAdapter(Adapter):
 
         async def one(container: str, key: str) -> None:
             async with limit, self.fs.service_client.get_blob_client(container, key) as c:
-                with contextlib.suppress(ResourceNotFoundError):
-                    await c.delete_blob(delete_snapshots="include")
+                try:
+                    await c.delete_blob(delete_snapshots="include", **self._timeouts)
+                except ResourceNotFoundError:
+                    pass  # gone already: what a delete wants
+                except HttpResponseError as exc:
+                    # The SDK's error (no OSError) named no blob: a cleanup's 403 was opaque.
+                    raise _failure(self.url(f"{container}/{key}"), "delete_blob", exc
+                                   ) from exc
+                except AzureError as exc:
+                    raise _unanswered(self.url(f"{container}/{key}"), "delete_blob", exc
+                                      ) from exc
 
         await asyncio.gather(*(one(c, k) for c, k in keys))
 

@@ -226,6 +226,10 @@ class Adapter(ABC):
 
     protocols: ClassVar[tuple[str, ...]] = ()
     capabilities: ClassVar[Capabilities]
+    #: The scheme the caller's URLs use where the filesystem names itself otherwise
+    #: (``az://`` for adlfs, whose own is ``abfs``); None: the filesystem's own.
+    #: Set by `durable.adapters.adapter_for_fs`.
+    scheme: str | None = None
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
@@ -235,8 +239,13 @@ class Adapter(ABC):
         return type(self).__name__.removesuffix("Adapter").lower()
 
     def url(self, path: str) -> str:
-        """A URL for messages and for reopening: the path with the filesystem's protocol."""
-        return str(self.fs.unstrip_protocol(path))
+        """A URL for messages and for reopening: the path with the caller's scheme (the
+        filesystem's first protocol where the caller named none other)."""
+        url = str(self.fs.unstrip_protocol(path))
+        if self.scheme is None:
+            return url
+        # adlfs spells every URL abfs://: a user of az:// was shown names they never wrote.
+        return f"{self.scheme}://{url.partition('://')[2]}"
 
     # writing ------------------------------------------------------------------------------
     @abstractmethod
@@ -306,6 +315,12 @@ class Adapter(ABC):
                                  f"of {limit}")
             # Read one byte past the size: a body longer than its stat is caught too.
             return f.read(info.size + 1)
+
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        """`read` of a small object whose bytes the caller checks itself (tensorstore's
+        open: a marker, a zarr.json): through the adapter's cheapest client, bounded as
+        `read` is (over ``limit`` bytes: ValueError, before the body is taken in)."""
+        return self.read(path, limit=limit)
 
     # verifying what was just written -------------------------------------------------------
     #: What `atomic_write` checks after a write when not told: see `verify_written`.
@@ -453,3 +468,15 @@ def strong_etag(raw: object, url: str) -> str:
                              "cannot be pinned to a version", url=url,
                              expected="an ETag", found=raw)
     return f'"{core}"'
+
+
+def caused_by(exc: BaseException, found: Callable[[BaseException], bool]) -> bool:
+    """Whether ``exc`` or an exception it was raised from (``__cause__``/``__context__``,
+    all the way down) is one ``found`` recognises: cloud SDKs re-raise a transport failure
+    (a body cut short, a read timeout) inside errors of their own."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if found(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

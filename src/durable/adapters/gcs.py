@@ -66,12 +66,16 @@ from durable.adapters.base import (
     VersionMismatchError,
 )
 
-__all__ = ["CHUNK", "GCSAdapter"]
+__all__ = ["CHUNK", "READ_TIMEOUT", "GCSAdapter"]
 
 #: Resumable pieces (GCS wants multiples of 256 KiB) and the single-request upload limit.
 CHUNK = 8 * 1024 * 1024
 _DELETE_CONCURRENCY = 16
 _CANCEL_TIMEOUT = 10.0
+#: Seconds gcsfs waits for a connection, and for the next bytes of an answer, where the
+#: storage options set no ``requests_timeout`` (gcsfs sets none: a stalled body was waited
+#: for as long as the store stalled). As S3's and Azure's clients do by default.
+READ_TIMEOUT = 60.0
 #: Custom metadata naming the write that put an object there (see `GCSAdapter._ours`).
 _TOKEN = "durable-write"
 
@@ -123,14 +127,21 @@ def _failure(url: str, what: str, exc: Exception) -> Exception | None:
     if type(exc) is OSError and str(exc).startswith("Forbidden"):
         detail = str(exc).partition("\n")[2]
         return PermissionError(f"{url}: {what} answered HTTP 403: {_said(detail)}")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        # The body ended before its Content-Length on every retry gcsfs made: never short
+        # data, and (a resource, a listing) no bare aiohttp error naming nothing.
+        return IntegrityError(f"{url}: {what} arrived short on every attempt ({exc})",
+                              url=url, expected="the whole answer", found="a short body")
     if isinstance(exc, aiohttp.ClientError) and not isinstance(
             exc, aiohttp.ClientPayloadError | OSError):
         # A connection the store closed (ServerDisconnectedError) on every retry gcsfs made.
         return OSError(f"{url}: {what} failed: {type(exc).__name__}: {_said(exc)}")
     if isinstance(exc, TimeoutError):
-        # fsspec's FSTimeoutError of gcsfs's requests_timeout: it says nothing at all.
-        return TimeoutError(f"{url}: {what} got no whole answer within the filesystem's "
-                            "requests_timeout")
+        # aiohttp's timeout of gcsfs's requests_timeout (as fsspec's FSTimeoutError: it
+        # says nothing at all), on the last of gcsfs's attempts.
+        return TimeoutError(f"{url}: {what} stalled: no whole answer within the storage "
+                            f"option requests_timeout (unless set, {READ_TIMEOUT:g} s for "
+                            "a connection and between reads)")
     if isinstance(exc, json.JSONDecodeError):
         return IntegrityError(f"{url}: {what} answered a body that is not JSON "
                               f"({_said(exc.doc)!r:.80}): not the store's answer (an error "
@@ -285,6 +296,15 @@ class GCSAdapter(Adapter):
     # Endpoint -> whether it enforces ifGenerationMatch on uploads, and on deletes.
     _conditional_by_endpoint: ClassVar[dict[str, tuple[bool, bool]]] = {}
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, fs: Any) -> None:
+        super().__init__(fs)
+        if getattr(fs, "requests_timeout", None) is None:
+            # Set on the filesystem, where gcsfs reads it at every request, as the storage
+            # option would have: a per-read limit, not a total one, so a large piece that
+            # keeps arriving is never cut off; a stall is retried by gcsfs, then an error.
+            fs.requests_timeout = aiohttp.ClientTimeout(sock_connect=READ_TIMEOUT,
+                                                        sock_read=READ_TIMEOUT)
 
     # helpers --------------------------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, str]:
@@ -498,12 +518,6 @@ class GCSAdapter(Adapter):
                     path, f"GET of bytes {start}-{start + length - 1}", "GET", media,
                     alt="media", **pin,
                     headers={"Range": f"bytes={start}-{start + length - 1}"})
-            except aiohttp.ClientPayloadError as exc:
-                # The body ended before its Content-Length on every retry gcsfs made.
-                raise IntegrityError(
-                    f"{url}: bytes {start}-{start + length - 1} arrived short on every "
-                    f"attempt ({exc})", url=url, expected=length, found="a short body"
-                ) from exc
             except (FileNotFoundError, FileExistsError) as exc:
                 # 404 for a generation that is gone, 412 (gcsfs: FileExistsError) for a
                 # live object that is another generation now.
@@ -637,8 +651,16 @@ class GCSAdapter(Adapter):
 
         async def one(bucket: str, key: str) -> None:
             async with limit:
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     await self.fs._call("DELETE", "b/{}/o/{}", bucket, key)
+                except FileNotFoundError:
+                    pass  # gone already: what a delete wants
+                except (HttpError, OSError, ValueError, aiohttp.ClientError) as exc:
+                    # gcsfs's "Forbidden: b/NAME/o/KEY" or HttpError: as every request's.
+                    failure = _failure(self.url(f"{bucket}/{key}"), "DELETE", exc)
+                    if failure is None:
+                        raise
+                    raise failure from exc
 
         await asyncio.gather(*(one(b, k) for b, k in keys))
 

@@ -61,7 +61,7 @@ from durable.adapters._s3_http import (
     etag,
     failure,
 )
-from durable.adapters._s3_light import light_store, list_below
+from durable.adapters._s3_light import get_small, light_store, list_below
 from durable.adapters._s3_light import put as light_put
 from durable.adapters._s3_upload import MAX_PART_SIZE, MIN_PART_SIZE, S3AtomicFile, WrittenChecksum
 from durable.adapters.base import (
@@ -334,6 +334,15 @@ class S3Adapter(Adapter):
                 self.fs.invalidate_cache(path)
                 return ObjectInfo(path, len(data), version)
         return super().put(path, data, create_only=create_only, durable=durable)
+
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        """As `Adapter.read_small`; through obstore where it maps (`_s3_light`): one GET,
+        its size judged from its headers, for a sixth of s3fs's CPU. (No CRC32C check of
+        the body, as for tensorstore's own read, which this replaces: the caller checks.)"""
+        bucket, key = self._split(path)
+        store = light_store(self, bucket) if self.light_puts and key else None
+        got = None if store is None else get_small(store, self, bucket, key, limit)
+        return got[0] if got is not None else self.read(path, limit=limit)
 
     def open_atomic(self, path: str, *, create_only: bool = False,
                     durable: bool = True) -> AtomicFile:
