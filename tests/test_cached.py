@@ -478,18 +478,24 @@ if __name__ == "__main__":
 """
 
 
-def test_a_script_and_its_spawned_workers_share_one_entry(tmp_path: Path) -> None:
-    """In the workers multiprocessing spawns, a script's module is __mp_main__: its
-    results were filed a second time under that name, and computed again."""
+def _run_script(tmp_path: Path, source: str) -> tuple[Path, str]:
+    """Run ``source`` as a script (a real __main__) with a cache root; (root, stdout)."""
     import subprocess
     import sys
 
     script = tmp_path / "job.py"
-    script.write_text(_SCRIPT)
+    script.write_text(source)
     root = tmp_path / "cache"
     root.mkdir()
     out = subprocess.run([sys.executable, str(script), str(root)], capture_output=True,
                          text=True, timeout=120, check=True).stdout
+    return root, out
+
+
+def test_a_script_and_its_spawned_workers_share_one_entry(tmp_path: Path) -> None:
+    """In the workers multiprocessing spawns, a script's module is __mp_main__: its
+    results were filed a second time under that name, and computed again."""
+    root, out = _run_script(tmp_path, _SCRIPT)
     assert "b'tokens-1'" in out
     assert (root / "computed.log").read_text().split() == ["1"]
     assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != ".durable") \
@@ -528,15 +534,7 @@ def test_a_scripts_enum_and_dataclass_arguments_key_alike_in_its_spawned_workers
     """An enum or dataclass defined in a script is __main__'s there and __mp_main__'s in
     the workers multiprocessing spawns: its tag named the module, so a worker's call had
     another key, and the result was computed and stored twice."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "job.py"
-    script.write_text(_SCRIPT_TYPES)
-    root = tmp_path / "cache"
-    root.mkdir()
-    out = subprocess.run([sys.executable, str(script), str(root)], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    root, out = _run_script(tmp_path, _SCRIPT_TYPES)
     assert "[1]" in out
     assert (root / "computed.log").read_text().split() == ["A-1"]
 
