@@ -750,6 +750,29 @@ def test_a_committed_entry_copies_and_moves_as_a_committed_entry(place: Place) -
         fs.cp(f"{root}/moved", f"{root}/copy", recursive=True)
 
 
+def _codeword(body: bytes) -> bytes:
+    """A chunk as zarr's crc32c codec encodes it: its CRC32C is the residue, whatever the
+    body, so two of one size differ only in their last 4 bytes (the record's tail)."""
+    return body + crc32c(body).to_bytes(4, "little")
+
+
+def test_a_committed_entry_is_copied_only_with_its_recorded_codeword_chunks(
+        place: Place) -> None:
+    """cp -r of a COMPLETE entry one of whose codeword chunks was replaced by another of
+    its size (another attempt's straggler): the manifest's size and CRC32C (the residue)
+    matched, the tail was not checked, and the straggler was committed in the copy."""
+    e = durable.Entry(place.inner.unstrip_protocol(place.path("e")),
+                      storage_options=place.inner_options)
+    with e.writing() as w:
+        w.write_bytes("c/0", _codeword(b"the committed chunk"))
+    place.rewrite("e/c/0", _codeword(b"a straggler's chunk"))
+    fs, root = fsspec.url_to_fs(place.url(""), **place.so)
+    root = root.rstrip("/")
+    with pytest.raises(IntegrityError, match=r"e/c/0"):
+        fs.cp(f"{root}/e", f"{root}/copy", recursive=True)
+    assert not any("copy" in p for p in place.objects())
+
+
 def test_rm_of_an_entry_removes_all_its_records(place: Place) -> None:
     entry = durable.Entry(place.inner.unstrip_protocol(place.path("e")),
                           storage_options=place.inner_options)

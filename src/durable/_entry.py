@@ -124,15 +124,10 @@ def read_object_record(adapter: Adapter, path: str, info: ObjectInfo) -> ObjectR
     """Stream one object through CRC32C, pinned to the version ``info`` names: its record
     (with the tail, where its CRC32C is the residue)."""
     ck = Checksum()
-    ending = b""
     with adapter.open_read(path, info) as f:
-        while True:
-            block = f.read(_READ_BLOCK)
-            if not block:
-                break
+        while block := f.read(_READ_BLOCK):
             ck.update(block)
-            ending = (ending + block[-4:])[-4:]
-    return ObjectRecord.of(ck.size, ck.crc, ending)
+    return ObjectRecord.of(ck.size, ck.crc, ck.ending)
 
 
 def deep_problem(adapter: Adapter, key: str, info: ObjectInfo,
@@ -1050,8 +1045,12 @@ class EntryWriter:
             self._syncing.pop(key, None)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
-        f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc,
-                                             version=af.info.version if af.info else None)
+        # With its tail where it is a codeword chunk (its CRC32C the residue): without
+        # one, another attempt's chunk of its size passes every check of its record.
+        f.on_commit = lambda af: self.record(
+            key, af.checksum.size, af.checksum.crc,
+            version=af.info.version if af.info else None,
+            tail=ObjectRecord.of(af.checksum.size, af.checksum.crc, af.checksum.ending).tail)
         self._writing.add(f)
         return f
 

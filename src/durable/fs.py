@@ -431,8 +431,11 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         assert marker.manifest is not None
         with Entry(dst, adapter=self.adapter).writing(unrecorded="error") as w:
             for key, rec in sorted(marker.manifest.objects.items()):
+                # With its tail: a codeword chunk of another attempt put over one of the
+                # same size has its size and CRC32C (the residue), and was copied as good.
                 with open_verified_path(self.adapter, source.layout.object_path(
-                        key, "prefix"), rec.size, rec.crc32c) as src, w.open(key) as out:
+                        key, "prefix"), rec.size, rec.crc32c, tail=rec.tail) as src, \
+                        w.open(key) as out:
                     while block := src.read(_COPY_BLOCK):
                         out.write(block)
 
