@@ -20,11 +20,13 @@ import collections
 import contextlib
 import gc
 import importlib.metadata
+import io
 import os
 import subprocess
 import sys
 import textwrap
 import uuid
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,6 +306,30 @@ def test_text_mode_tells_and_writes_as_a_plain_file(place: Place, tmp_path: Path
         assert g.tell() == plain.stat().st_size
     assert place.inner.cat_file(path) == plain.read_bytes()
     assert place.inner.cat_file(place.path("e/t.txt")) == plain.read_bytes()
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32"])
+def test_fsspec_open_text_tells_and_writes_as_a_plain_file(place: Place, tmp_path: Path,
+                                                           encoding: str) -> None:
+    """fsspec.open(..., "w") wraps durable::'s binary file in fsspec's own TextIOWrapper:
+    its tell() raised "underlying stream is not seekable" and utf-16/utf-32 went out with
+    no BOM. Now as a plain local file opened the same way, position by position and byte
+    for byte; and zipfile, which asks the binary file seek(tell()), still streams."""
+    plain, told = tmp_path / "plain.txt", {}
+    for name, url, so in (("plain", f"file://{plain}", {}), ("durable", place.url("t.txt"),
+                                                              place.so)):
+        with fsspec.open(url, "w", encoding=encoding, **so) as f:
+            told[name] = [f.tell()]
+            for text in ("grüße\n", "x" * 5000, "ß"):
+                f.write(text)
+                told[name].append(f.tell())
+    assert told["durable"] == told["plain"]
+    assert place.inner.cat_file(place.path("t.txt")) == plain.read_bytes()
+    with fsspec.open(place.url("t.zip"), "wb", **place.so) as f, \
+            zipfile.ZipFile(f, "w") as z:
+        z.writestr("a.txt", "zipped")
+    with fsspec.open(place.url("t.zip"), "rb", **place.so) as f:
+        assert zipfile.ZipFile(io.BytesIO(f.read())).read("a.txt") == b"zipped"
 
 
 def test_pipe_put_copy_move_touch_are_recorded(place: Place, tmp_path: Path) -> None:

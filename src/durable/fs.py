@@ -130,7 +130,7 @@ class DurableWriteFile(io.BufferedIOBase):
         self._exc_at_open = sys.exc_info()[1]
         self._failed = False
         self._buf = bytearray()
-        # Under a text wrapper: seekable, in place only (`GrowingBuffer`'s reason).
+        # Under durable's own text wrapper: seeks in place allowed (`GrowingBuffer`'s reason).
         self.under_text = False
         self._raw: AtomicFile = fs.adapter.open_atomic(path, create_only=create_only)
 
@@ -145,10 +145,16 @@ class DurableWriteFile(io.BufferedIOBase):
         return self._raw.tell() + len(self._buf)
 
     def seekable(self) -> bool:
-        return self.under_text
+        # True for the text wrapper fsspec.open(..., "w") puts over this binary file (it
+        # asks once, at its start): over one that said False its tell() raised "underlying
+        # stream is not seekable" and utf-16/utf-32 went out with no BOM, unlike a plain
+        # file. A seek still never moves (below).
+        return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if not self.under_text:
+            # Not even in place: zipfile (np.savez, openpyxl) asks seek(tell()) to learn
+            # whether it may rewrite its headers later; refused, it streams instead.
             return super().seek(offset, whence)
         return stay_put(self.tell(), offset, whence, self.fs.unstrip_protocol(self.path))
 
