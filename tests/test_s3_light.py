@@ -248,3 +248,22 @@ def test_a_refusal_is_short_and_clear(
             call()
         assert type(info.value) is builtin
         assert str(info.value) == f"{url}: {request} answered HTTP {status} {code}: {message}"
+
+
+def test_a_put_answered_200_with_an_error_document_is_no_write(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """A gateway answering a PutObject with its error document as a 200 (the PUT never
+    reached the store): obstore reads no body of a PUT's answer, and the put counted as
+    written (a marker that never landed, a commit). Its ETag is not the MD5 of the bytes
+    sent: one HEAD finds the object is not there, and the put fails naming it."""
+    proxy, options = proxied
+    proxy.add(faults.error_body_with_200(method="PUT", path=re.compile(r"/small$")))
+    adapter = _adapter(options)
+    with pytest.raises(OSError, match=rf"s3://{s3_bucket.name}/small: PutObject answered "
+                                      r"200 with ETag .*not the store's answer"):
+        adapter.put(f"{s3_bucket.name}/small", b"x")
+    assert not s3_bucket.filesystem().exists(f"{s3_bucket.name}/small")
+    proxy.clear()
+    proxy.clear_requests()
+    adapter.put(f"{s3_bucket.name}/small", b"x")  # a store's own answer: one request
+    assert [r.method for r in proxy.requests] == ["PUT"]

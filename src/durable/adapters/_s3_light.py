@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
 import re
 import threading
@@ -155,7 +156,32 @@ def put(store: Any, adapter: S3Adapter, bucket: str, key: str, data: bytes,
                               ) from exc
     except Exception as exc:
         raise _failure(exc, url, "PutObject") from exc
-    return etag(result["e_tag"], url)
+    version = etag(result["e_tag"], url)
+    if version != f'"{hashlib.md5(data).hexdigest()}"':
+        _check_landed(store, url, key, data, version)
+    return version
+
+
+def _check_landed(store: Any, url: str, key: str, data: bytes, version: str) -> None:
+    """A PutObject answered 200 with an ETag that is not the MD5 of the bytes sent: a
+    store that encrypts with KMS (its ETags are no MD5), or an answer that is not the
+    store's (a gateway's error document served as 200, with the ETag of its own body).
+    obstore reads no body of a PUT's answer (botocore finds the error in it), so such a
+    PUT counted as written, and a marker that never landed as a commit. One HEAD tells."""
+    import obstore
+
+    try:
+        meta = obstore.head(store, key)
+    except Exception as exc:
+        raise OSError(f"{url}: PutObject answered 200 with ETag {version}, not the MD5 of "
+                      f"the bytes sent, and the object cannot be found ({_said(exc)}): not "
+                      "the store's answer (an error document served as 200?)") from exc
+    found = (int(meta["size"]), etag(meta["e_tag"], url))
+    if found != (len(data), version):
+        raise OSError(f"{url}: PutObject answered 200 with ETag {version}, not the MD5 of "
+                      f"the bytes sent, and the store holds {found[0]} bytes with ETag "
+                      f"{found[1]}: not the store's answer (an error document served as "
+                      "200?)")
 
 
 def list_below(store: Any, adapter: S3Adapter, bucket: str, start: str,
