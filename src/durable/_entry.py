@@ -44,6 +44,7 @@ from durable._protocol import (
     new_attempt_id,
 )
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
+from durable.adapters.base import Staged
 from durable.adapters.local import TMP_MARK
 
 if TYPE_CHECKING:
@@ -849,19 +850,29 @@ class Entry:
         records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
         with writer._lock:
             syncing = dict(writer._syncing)
+        marker = Marker.new("prefix", writer.attempt, Manifest(records))
+        # The marker's bytes are made durable (a local disk's fsync) beside the data's,
+        # not after them: what the marker waits for below is then only its publish.
+        staged = self._stage_marker(marker)
         try:
-            for started in syncing.values():
-                started.result()
+            # What is left and every directory go into the pool behind the early fsyncs
+            # still running, not after the last of them: the file system commits
+            # concurrent fsyncs together, and the marker waits for both either way.
             self.adapter.sync([i.path for k, i in listing.items() if k not in syncing],
                               _dirs_of(self, listing) + records_dirs)
+            for started in syncing.values():
+                started.result()
         except FileNotFoundError as exc:
             # Removed by another tool since it was written (a commit from the records lists
             # nothing that would have shown it): never a marker over it.
             gone = self.adapter.url(str(exc.filename)) if exc.filename else "an object"
+            staged.discard()
             raise IntegrityError(f"{self.url}: not committing: {gone}: written by this "
                                  "writer but gone at commit", url=self.url) from None
-        marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
-                                    lease.fenced() if lease is not None else None)
+        except BaseException:
+            staged.discard()
+            raise
+        self._publish_marker(staged, lease.fenced() if lease is not None else None)
         # From here the attempt's records only say a writer was here: their removal is
         # housekeeping the caller does not wait for (a round trip on an object store). It
         # is handed over after the marker's PUT returned: a failing racer that finds no
@@ -871,7 +882,7 @@ class Entry:
         pruned = fragments_dir(self.layout.records, writer.attempt) if fragments else None
 
         def tidy() -> None:
-            self.adapter.delete(spent)
+            self.adapter.discard(spent)
             if pruned is not None:
                 self.adapter.prune(pruned)
 
@@ -964,20 +975,30 @@ class Entry:
 
     def _write_marker(self, marker: Marker,
                       fence: AbstractContextManager[object] | None = None) -> Marker:
+        self._publish_marker(self._stage_marker(marker), fence)
+        return marker
+
+    def _stage_marker(self, marker: Marker) -> Staged:
+        """The marker made ready to publish (its external manifest, if any, put now)."""
         data, external = marker.encode()
         if external is not None:
             self.adapter.put(self.layout.external_manifest(external[0]), external[1])
+        return self.adapter.stage(self.layout.marker, data, create_only=True)
+
+    def _publish_marker(self, staged: Staged,
+                        fence: AbstractContextManager[object] | None = None) -> None:
         try:
             # Create-only: of two writers finishing the same entry, exactly one commits.
             # The fence (a lease) covers this one write: a writer that lost its lease
             # raises LeaseLostError here, before the marker.
             with fence or contextlib.nullcontext():
-                self.adapter.put(self.layout.marker, data, create_only=True)
+                staged.publish()
         except FileExistsError:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url
             ) from None
-        return marker
+        finally:
+            staged.discard()  # a no-op once published; else no temp file left behind
 
 
 class EntryWriter:

@@ -43,6 +43,7 @@ from durable.adapters.base import (
     AtomicFile,
     Capabilities,
     ObjectInfo,
+    Staged,
     VersionMismatchError,
 )
 
@@ -312,11 +313,18 @@ class _LocalAtomicFile(AtomicFile):
         self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._written = 0
         self._started = 0  # bytes whose writeback is already started
+        self._prepared = False  # bytes fsynced by `prepare`, none written since
         self._writeback: Callable[[int, int, int, int], int] | None = (
             _sync_file_range if durable else None)
 
+    def prepare(self) -> None:
+        if self._durable and self._fd is not None and not self._done:
+            os.fsync(self._fd)  # an error here is final, as in `_commit`: abort, no retry
+            self._prepared = True
+
     def _write(self, data: memoryview) -> None:
         assert self._fd is not None
+        self._prepared = False  # bytes after the fsync: `_commit` fsyncs again
         while data:
             n = os.write(self._fd, data)
             data = data[n:]
@@ -341,7 +349,7 @@ class _LocalAtomicFile(AtomicFile):
     def _commit(self) -> ObjectInfo:
         fd = self._fd
         assert fd is not None
-        if self._durable:
+        if self._durable and not self._prepared:
             # An fsync error is final for this write: the kernel may already have dropped
             # the dirty pages, so a retried fsync on the same fd can "succeed" over lost
             # data. Raise (and _abort removes the temp file); never retry.
@@ -540,6 +548,27 @@ class LocalAdapter(Adapter):
                     return False
                 raise
         return False
+
+    def stage(self, path: str, data: bytes, *, create_only: bool = False) -> Staged:
+        f = self.open_atomic(path, create_only=create_only)
+        try:
+            f.write(data)
+            f.prepare()  # the bytes' fsync now: the publish is the link and the dir's fsync
+        except BaseException:
+            f.abort()
+            raise
+        return Staged(f.commit, f.abort)
+
+    def discard(self, paths: Iterable[str]) -> None:
+        # No directory fsync: a removal a crash undoes leaves what `durable clean` removes.
+        for p in paths:
+            try:
+                os.unlink(p)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                if exc.errno not in _NO_SUCH_NAME:
+                    raise
 
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()
