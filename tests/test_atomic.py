@@ -339,3 +339,20 @@ def test_a_directory_is_not_a_file_to_write(tmp_path: Path) -> None:
             pass
         assert err.value.filename == str(target)
     assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == []
+
+
+def _codeword(data: bytes) -> bytes:
+    """``data`` ending in its CRC32C, as zarr's crc32c codec stores a chunk."""
+    return data + crc32c.crc32c(data).to_bytes(4, "little")
+
+
+def test_a_codeword_object_replaced_by_another_of_its_size_is_caught(place: Place) -> None:
+    """Every object ending in its own CRC32C has the same CRC32C (the residue): only its
+    last 4 bytes (the record's tail) tell two of one size apart. atomic_write kept none,
+    so another such object put in its place read back as verified."""
+    with atomic_write(place.url("chunk")) as f:
+        f.write(_codeword(b"the committed chunk"))
+    assert "tail" in recorded(place, "chunk")
+    place.write("chunk", _codeword(b"another attempt's!!"))
+    with pytest.raises(durable.IntegrityError, match="chunk"):
+        read_verified(place.url("chunk"))

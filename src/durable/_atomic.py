@@ -122,7 +122,8 @@ def publish(adapter: Adapter, raw: AtomicFile, path: str, layout: Layout | None,
         marker = own = None
         if record:
             marker = Marker.new("object", new_attempt_id(), Manifest(
-                {"": ObjectRecord(raw.checksum.size, raw.checksum.crc)}))
+                {"": ObjectRecord.of(raw.checksum.size, raw.checksum.crc,
+                                     raw.checksum.ending)}))
             if raw.carries_record:
                 # Data and record in one request: no marker to remove first, since an
                 # object carrying its own record is never judged by a marker beside it.
