@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OPENED_FIRST", "Entry", "EntryWriter", "Problem", "Status", "VerifyReport",
            "committed_above", "delete_tree", "levels", "nearest_marked",
-           "refuse_inside_committed"]
+           "refuse_inside_committed", "refuse_leased"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -549,13 +549,9 @@ class Entry:
         before that remain, leaving the entry INCOMPLETE.
         """
         if not force:
-            from durable._lease import refuse_live_lease  # (_lease imports this module)
-
             # A writer that takes the lease after this look loses it below (its lease is
             # removed with the records) and never commits: the window is one look wide.
-            refuse_live_lease(self, "deleting", hint=(
-                "Wait for that writer to commit or for its lease to expire, or pass "
-                "force=True to remove it anyway (its writer then never commits)"))
+            refuse_leased(self, "deleting", "pass force=True")
         self.adapter.delete([self.layout.marker])
         if self.adapter.info(self.path) is not None:
             self.adapter.delete([self.path])
@@ -1269,6 +1265,19 @@ def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
         "marker still vouches for what it holds (it would stay COMPLETE over other data). "
         f"Change that entry with durable.Entry({holder.url!r}).writing(update=True), "
         "rewrite it with overwrite=True, or delete it first", url=url)
+
+
+def refuse_leased(entry: Entry, doing: str, force_with: str) -> None:
+    """IncompleteExistsError naming ``entry``, the holder of its lease and when it expires,
+    if another writer holds that lease live: ``doing`` (deleting, removing) would take the
+    lease from under it, and its writes under way would land in a removed entry, or in the
+    next writer's. ``force_with``: how the caller removes it anyway. An expired lease is
+    removed (`durable._lease.refuse_live_lease`)."""
+    from durable._lease import refuse_live_lease  # (_lease imports this module)
+
+    refuse_live_lease(entry, doing, hint=(
+        f"Wait for that writer to commit or for its lease to expire, or {force_with} to "
+        "remove it anyway (its writer then never commits)"))
 
 
 def levels(path: str) -> Iterator[tuple[str, str]]:
