@@ -493,6 +493,44 @@ def test_records_behind_a_symlink_are_one_error_in_status_and_scan(
     assert run("status", other.url("e")).exit_code == 3  # INCOMPLETE
 
 
+def test_an_entry_that_is_a_symlink_is_one_error_in_status_and_scan(
+        tmp_path: os.PathLike[str]) -> None:
+    """An entry directory that is itself a symlink: `status` judged the data behind it
+    (COMPLETE, exit 0) where `scan`, whose listing never follows a link, found every
+    object of the manifest missing (INCOMPLETE, which `clean` removes); unmarked, status
+    said "data present" and scan showed nothing. Both now report the link, naming it, and
+    nothing is cleaned, verified or written through it."""
+    base = os.path.realpath(tmp_path)
+    place = Place("file", os.path.join(base, "root"))
+    os.makedirs(place.root)
+    entry = write_entry(place.url("e"), GOOD)
+    os.rename(os.path.join(place.root, "e"), os.path.join(base, "behind"))
+    os.symlink(os.path.join(base, "behind"), os.path.join(place.root, "e"))
+    os.symlink(os.path.join(base, "behind"), os.path.join(place.root, "u"))  # unmarked
+    before, behind = place.files(), Place("file", os.path.join(base, "behind")).files()
+    assert sorted(behind) == sorted(GOOD)
+
+    rows = {r.url: r for r in scan(place.url())}
+    assert sorted(rows) == [entry.url, f"{place.canonical('u')}"]
+    for name in ("e", "u"):
+        status = run("status", place.url(name), "--json")
+        said = status.stderr.removeprefix("durable: error: ").strip()
+        assert status.exit_code == 1 and f"{place.canonical(name)} is a symlink" in said
+        row = rows[place.canonical(name)]
+        assert row.state == "ERROR" and row.reason == f"MarkerError: {said}"
+        linked = Entry(place.url(name))
+        for call in (linked.state, linked.verify, linked.mark_complete):
+            with pytest.raises(MarkerError, match="is a symlink"):
+                call()
+        with pytest.raises(MarkerError, match="is a symlink"), \
+                linked.writing(overwrite=True):
+            pass  # pragma: no cover
+    cleaned = as_json(run("clean", place.url(), "--older-than", "0s", "--apply", "--json"))
+    assert cleaned["items"] == []
+    assert place.files() == before
+    assert Place("file", os.path.join(base, "behind")).files() == behind
+
+
 def test_a_client_librarys_own_traceback_is_shown_only_with_debug(
         place: Place, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """gcsfs logs an error with its traceback ("_request out of retries") before raising

@@ -79,8 +79,9 @@ class Status:
 
 
 class _LinkedRecords(MarkerError):
-    """Records behind a symlink: not cleared by ``overwrite=True`` as an unreadable marker
-    is (the removal would reach through the link)."""
+    """Records behind a symlink, or an entry that is one: not cleared by
+    ``overwrite=True`` as an unreadable marker is (the removal would reach through the
+    link)."""
 
 
 class _RacedStart(IncompleteExistsError):
@@ -267,6 +268,18 @@ class Entry:
             f"{self.adapter.url(records_dir)} or below), which durable never follows (it "
             "could point anywhere); put the directory itself in its place", url=where)
 
+    def linked_entry(self) -> MarkerError | None:
+        """The error for an entry that is itself a symlink (on a local disk), if it is.
+        Never followed, by `status` as by `scan`, whose listing never follows one: status
+        judged the data behind the link (COMPLETE) where scan found the marker's objects
+        missing, and a writer wrote through it, wherever it points. None otherwise (no
+        request on stores that have no links)."""
+        if not self.adapter.through_link(self.path, ""):
+            return None
+        return _LinkedRecords(
+            f"{self.url} is a symlink, which durable never follows (it could point "
+            "anywhere); put the directory or file itself in its place", url=self.url)
+
     def _object_path(self, key: str, marker: Marker) -> str:
         return self.layout.object_path(key, marker.kind)
 
@@ -300,6 +313,9 @@ class Entry:
                 own_attempt: str | None = None) -> Status:
         """``own_attempt``: the attempt id of the writer asking, whose attempt record is already
         written (`writing`): that one record is no sign of another writer."""
+        linked = self.linked_entry()  # one lstat on a local disk
+        if linked is not None:
+            raise linked
         if expect_absent:
             # A writer about to start expects nothing here: one listing of the records
             # answers "no marker, no writer" (on S3, 1 LIST instead of a GET of the marker
@@ -457,6 +473,9 @@ class Entry:
         Raises IntegrityError listing every mismatch (object, expected, found) unless
         ``raise_errors=False``; IncompleteError if there is no marker at all.
         """
+        linked = self.linked_entry()  # its listing would follow the link: as `status`
+        if linked is not None:
+            raise linked
         marker, info, looked = self._read_record()
         if marker is None:
             st = self.status()

@@ -39,9 +39,15 @@ from durable._errors import (
     IncompleteError,
     IncompleteExistsError,
 )
-from durable._protocol import MARKER_NAME, RECORDS_DIR, Marker, ObjectRecord, carries_record
-from durable._scan import (
+from durable._protocol import (
     LEASE_NAME,
+    MARKER_NAME,
+    RECORDS_DIR,
+    Marker,
+    ObjectRecord,
+    carries_record,
+)
+from durable._scan import (
     AgeClock,
     EntryFound,
     LeaseSeen,

@@ -29,6 +29,8 @@ How entries are found in the listing (keys relative to the root):
 - ``D/.durable/NAME/attempts/<id>.json`` a writer started on ``D/NAME``
 - ``D/.durable/NAME/lease.json``         a writer's lease on ``D/NAME``
 - any other key in ``D/.durable/NAME/``  records of ``D/NAME`` (an external manifest)
+- ``D/NAME``, a symlink (local disk)     an entry that is a link, never followed: an
+                                         ERROR row naming it, as `Entry.status` raises
 - unmarked data: each child of the root, and of any directory that holds a ``.durable``
   records directory, that has no records, contains no entry and is not inside one. It was
   written without `durable` (or by a writer that never started its records): INCOMPLETE,
@@ -71,7 +73,14 @@ from typing import Any, Literal
 from durable._entry import Entry
 from durable._errors import DurableError, MarkerError
 from durable._lease import stated_stale_after
-from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker, carries_record
+from durable._protocol import (
+    LEASE_NAME,
+    MARKER_NAME,
+    RECORDS_DIR,
+    Layout,
+    Marker,
+    carries_record,
+)
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters.local import LOCK_SUFFIX, TMP_MARK
 
@@ -109,7 +118,6 @@ def mismatch_reason(bad: list[str], total: int) -> str:
     more = f"; and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
     return (f"marker present but data gone or changed: {len(bad)} of {total} objects: "
             + "; ".join(bad[:_SHOWN]) + more)
-LEASE_NAME = "lease.json"
 # Attempt records and leases are a few hundred bytes; anything far larger is not one and
 # is not read into memory.
 _MAX_RECORD_BYTES = 64 * 1024
@@ -164,6 +172,8 @@ class EntryFound:
     could not be stat-ed): entries of their own, not counted in ``objects`` (`split_recorded`)."""
     unchecked: bool = False
     """Too many objects for `split_recorded` to stat (``SPLIT_LIMIT``): not looked at."""
+    linked: bool = False
+    """The entry is itself a symlink (on a local disk): never followed, an ERROR row."""
 
     @property
     def records_newest(self) -> float | None:
@@ -375,6 +385,16 @@ def survey(adapter: Adapter, path: str, *,
                 found = entries.setdefault(k := "/".join([*parts[:i], parts[i + 1]]),
                                            EntryFound(k))
                 _add_record(found, parts[i + 2:], info)
+    # Symlinks where entries are taken from (the root, directories holding records):
+    # the listing never follows one, so the scan saw no data there (or none at all) where
+    # `Entry.status` judged what lies behind it. Each is an entry, and an ERROR row
+    # (`read_records`), as status raises for it. One scandir per such directory on a
+    # local disk; no request elsewhere.
+    for parent in _entry_dirs(set(entries)):
+        for name in adapter.links_in(_join(path, parent)):
+            if name != RECORDS_DIR:
+                key = f"{parent}/{name}" if parent else name
+                entries.setdefault(key, EntryFound(key)).linked = True
     _count_data(listing, entries)
     return Survey(adapter, path, listing, entries, temps)
 
@@ -416,6 +436,12 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
             jobs.append((key, "lease", layout.lease))
     out = {key: Records() for key in keys}
     for key in keys:
+        if sv.entries[key].linked:
+            linked = Entry(sv.entry_path(key), adapter=sv.adapter).linked_entry()
+            if linked is not None:  # (else replaced by a directory since the survey)
+                out[key].marker = f"{MarkerError.__name__}: {linked}"
+                jobs = [j for j in jobs if j[0] != key or j[1] == "lease"]
+                continue
         if sv.entries[key].marker is None:
             # A marker the listing did not show may be behind a symlinked records dir,
             # which listings never follow: `status` calls that an error, and so does the
@@ -513,13 +539,7 @@ def _root_records(adapter: Adapter, path: str) -> dict[str, ObjectInfo]:
 def _count_data(listing: dict[str, ObjectInfo], found: dict[str, EntryFound]) -> None:
     """Add unmarked children to ``found`` and count every entry's data objects."""
     entries = set(found)
-    # Directories whose children are taken for entries: the root, and any directory that
-    # holds records, unless it lies in an entry (an entry's subdirectories are its data).
-    def in_entry(key: str) -> bool:
-        return any(a in entries for a in _ancestors(key))
-
-    parents = {""} | {k.rpartition("/")[0] for k in entries if k}
-    parents = {p for p in parents if not in_entry(p)}
+    parents = _entry_dirs(entries)
     holds_entry = {a for k in entries for a in _ancestors(k)[:-1]}
     for key, info in listing.items():
         if TMP_MARK in key.rpartition("/")[2]:
@@ -541,6 +561,13 @@ def _count_data(listing: dict[str, ObjectInfo], found: dict[str, EntryFound]) ->
                 if info.modified is not None and (f.newest is None
                                                   or info.modified > f.newest):
                     f.newest = info.modified
+
+
+def _entry_dirs(entries: set[str]) -> set[str]:
+    """Directories whose children are taken for entries: the root, and any directory that
+    holds records, unless it lies in an entry (an entry's subdirectories are its data)."""
+    parents = {""} | {k.rpartition("/")[0] for k in entries if k}
+    return {p for p in parents if not any(a in entries for a in _ancestors(p))}
 
 
 def _ancestors(key: str) -> list[str]:

@@ -33,7 +33,7 @@ import stat as _stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -540,6 +540,13 @@ class LocalAdapter(Adapter):
                     return False
                 raise
         return False
+
+    def links_in(self, directory: str) -> Sequence[str]:
+        try:
+            with os.scandir(directory) as it:
+                return sorted(e.name for e in it if e.is_symlink())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()
