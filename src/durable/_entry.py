@@ -44,7 +44,7 @@ from durable._protocol import (
     new_attempt_id,
 )
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
-from durable.adapters.local import TMP_MARK
+from durable.adapters.local import DEL_MARK, TMP_MARK
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -406,7 +406,10 @@ class Entry:
                 if own_attempt is not None else None)
         # Exactly this writer's own record is ignored: any other (another writer's attempt
         # record, or the temp file of one being written) is a writer at work or a leftover.
-        others = [k for k in records if k != mine and not (leased and self._is_lease_key(k))]
+        # Not a lease or marker a killed conditional delete left renamed aside: nothing
+        # started (it made an entry with nothing else INCOMPLETE, refusing every writer).
+        others = [k for k in records if k != mine and DEL_MARK not in k
+                  and not (leased and self._is_lease_key(k))]
         if mine is not None and mine not in records:
             # Put before the look, and gone: something removing the records (a clean, a
             # delete, another writer's cleanup) took it. Going on unannounced would let a
@@ -817,9 +820,11 @@ class Entry:
         self._clear_records()
 
     def _is_lease_key(self, key: str) -> bool:
-        """The lease, or a temp file of a write of it (keys relative to the records)."""
+        """The lease, or a temp file of a write of it (keys relative to the records); not
+        one a killed conditional delete left renamed aside (kept, it stayed for good)."""
         name = self.layout.lease.rpartition("/")[2]
-        return key == name or (key.startswith(f".{name}") and TMP_MARK in key)
+        return key == name or (key.startswith(f".{name}") and TMP_MARK in key
+                               and DEL_MARK not in key)
 
     def _clear_records(self) -> None:
         # A lease stays, whoever holds it: the writer clearing holds it, or it was taken

@@ -61,6 +61,7 @@ from durable._scan import (
 )
 from durable.adapters import ObjectInfo
 from durable.adapters.base import Upload
+from durable.adapters.local import DEL_MARK
 
 __all__ = ["TRUST", "AdoptReport", "Adoption", "CleanItem", "CleanReport", "RootVerifyReport",
            "Skipped", "Ticker", "apply_clean", "fmt_age", "mark_complete_root", "own_records",
@@ -667,9 +668,11 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             kept.append(Skipped(url, why))
             continue
         assert age is not None
-        items.append(CleanItem("temp", url, f"temp file of an atomic write never published, "
-                                            f"written {fmt_age(age)} ago", age, 1, info.size,
-                               key=tkey, expect={tkey: info.version}))
+        what = ("a lease or marker a conditional delete killed part-way left renamed aside"
+                if DEL_MARK in tkey.rpartition("/")[2]
+                else "temp file of an atomic write never published")
+        items.append(CleanItem("temp", url, f"{what}, written {fmt_age(age)} ago", age, 1,
+                               info.size, key=tkey, expect={tkey: info.version}))
 
     for up in sv.adapter.list_uploads(sv.path):
         rel = up.path[len(sv.path):].lstrip("/")

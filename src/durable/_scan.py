@@ -82,7 +82,7 @@ from durable._protocol import (
     carries_record,
 )
 from durable.adapters import Adapter, ObjectInfo, resolve
-from durable.adapters.local import LOCK_SUFFIX, TMP_MARK
+from durable.adapters.local import DEL_MARK, LOCK_SUFFIX, TMP_MARK
 
 __all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Stat", "Survey",
            "entry_age", "mismatch_reason", "read_records", "scan", "scan_survey",
@@ -376,7 +376,10 @@ def survey(adapter: Adapter, path: str, *,
         parts = key.split("/")
         if TMP_MARK in parts[-1]:
             temps[key] = info
-        if RECORDS_DIR in parts[:-1]:
+        if RECORDS_DIR in parts[:-1] and DEL_MARK not in parts[-1]:
+            # (A lease or marker a killed conditional delete left renamed aside is a temp
+            # file only: counted as records, it made a plain object, or nothing, an entry
+            # a writer started, which a clean then removed whole.)
             i = parts.index(RECORDS_DIR)
             # Records of an entry named like a records dir belong to no entry durable
             # makes (Layout and writing() refuse it): left alone, never an entry that

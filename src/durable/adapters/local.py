@@ -46,9 +46,14 @@ from durable.adapters.base import (
     VersionMismatchError,
 )
 
-__all__ = ["LocalAdapter", "fsync_dir"]
+__all__ = ["DEL_MARK", "TMP_MARK", "LocalAdapter", "fsync_dir"]
 
 TMP_MARK = ".durable-tmp-"
+#: What `delete_if` renames an object to before removing it (``.NAME.durable-tmp-del-*``,
+#: a lease or a marker, in a records directory). One left by a process killed between the
+#: rename and the unlink is debris of a removal, never a sign of a writer at work: status
+#: and scan pass over it, and a clean (or an entry starting over) removes it.
+DEL_MARK = f"{TMP_MARK}del-"
 # fsync releases the GIL: a small pool overlaps the disk's flushes at commit.
 _SYNC_WORKERS = 8
 # CRC32C is computed in the writing thread, before each write(2): ~55 ms per GiB here. A
@@ -488,7 +493,7 @@ class LocalAdapter(Adapter):
             # holder's lease) would be unlinked in its stead, a commit lost. So what is
             # there is renamed aside (atomic) and judged again, by its own inode.
             directory, name = os.path.split(path)
-            aside = os.path.join(directory, f".{name}{TMP_MARK}del-{uuid.uuid4().hex[:12]}")
+            aside = os.path.join(directory, f".{name}{DEL_MARK}{uuid.uuid4().hex[:12]}")
             try:
                 os.rename(path, aside)
             except FileNotFoundError:
