@@ -452,6 +452,19 @@ def test_a_directory_at_the_markers_path_is_an_error_row_never_cleaned(
     assert all(place.read(f"e/{k}") == v for k, v in GOOD.items())
 
 
+def _committed_behind_a_link(tmp_path: os.PathLike[str], name: str,
+                             behind: str) -> tuple[str, Place, Entry]:
+    """(base, place ``base/root``, entry ``root/e`` committed), with ``root/name`` moved to
+    ``base/behind`` and a symlink to it left in its place."""
+    base = os.path.realpath(tmp_path)
+    place = Place("file", os.path.join(base, "root"))
+    os.makedirs(place.root)
+    entry = write_entry(place.url("e"), GOOD)
+    os.rename(os.path.join(place.root, name), os.path.join(base, behind))
+    os.symlink(os.path.join(base, behind), os.path.join(place.root, name))
+    return base, place, entry
+
+
 def test_records_behind_a_symlink_are_one_error_in_status_and_scan(
         tmp_path: os.PathLike[str]) -> None:
     """A symlinked ``.durable``: `status` read the marker through it (COMPLETE, exit 0),
@@ -459,12 +472,7 @@ def test_records_behind_a_symlink_are_one_error_in_status_and_scan(
     marker", which `clean` removes). Both now report the link, and nothing is cleaned or
     cleared through it; a symlinked folder of the entry's data is missing for
     `Entry.state()` too, as for every listing (it was stat-ed through the link)."""
-    base = os.path.realpath(tmp_path)
-    place = Place("file", os.path.join(base, "root"))
-    os.makedirs(place.root)
-    entry = write_entry(place.url("e"), GOOD)
-    os.rename(os.path.join(place.root, ".durable"), os.path.join(base, "elsewhere"))
-    os.symlink(os.path.join(base, "elsewhere"), os.path.join(place.root, ".durable"))
+    base, place, entry = _committed_behind_a_link(tmp_path, ".durable", "elsewhere")
     before = place.files()
     behind = Place("file", os.path.join(base, "elsewhere"))
     records = behind.files()
@@ -500,12 +508,7 @@ def test_an_entry_that_is_a_symlink_is_one_error_in_status_and_scan(
     object of the manifest missing (INCOMPLETE, which `clean` removes); unmarked, status
     said "data present" and scan showed nothing. Both now report the link, naming it, and
     nothing is cleaned, verified or written through it."""
-    base = os.path.realpath(tmp_path)
-    place = Place("file", os.path.join(base, "root"))
-    os.makedirs(place.root)
-    entry = write_entry(place.url("e"), GOOD)
-    os.rename(os.path.join(place.root, "e"), os.path.join(base, "behind"))
-    os.symlink(os.path.join(base, "behind"), os.path.join(place.root, "e"))
+    base, place, entry = _committed_behind_a_link(tmp_path, "e", "behind")
     os.symlink(os.path.join(base, "behind"), os.path.join(place.root, "u"))  # unmarked
     before, behind = place.files(), Place("file", os.path.join(base, "behind")).files()
     assert sorted(behind) == sorted(GOOD)
