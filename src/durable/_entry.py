@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OPENED_FIRST", "Entry", "EntryWriter", "Problem", "Status", "VerifyReport",
            "committed_above", "delete_tree", "levels", "nearest_marked",
-           "refuse_inside_committed", "refuse_leased"]
+           "refuse_inside_committed", "refuse_leased", "remove_records"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -579,7 +579,7 @@ class Entry:
             self.adapter.delete([self.path])
         else:
             delete_tree(self.adapter, self.path)
-        self.adapter.delete_prefix(self.layout.records)
+        remove_records(self.adapter, self.layout)
 
     # writing -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -1302,6 +1302,19 @@ def refuse_leased(entry: Entry, doing: str, force_with: str) -> None:
     refuse_live_lease(entry, doing, hint=(
         f"Wait for that writer to commit or for its lease to expire, or {force_with} to "
         "remove it anyway (its writer then never commits)"))
+
+
+def remove_records(adapter: Adapter, layout: Layout) -> None:
+    """Remove an entry's records directory; where it holds a lease, under the lock every
+    renewal of that lease takes (`Adapter.exclusive`: on a local disk, for its version
+    check and its rename). Taken between the two, the removal was lost: the rename put the
+    lease back and its holder went on, held, into a removed entry (or the renewal failed
+    on its vanished temp file, an OSError, not "lease lost")."""
+    if adapter.info(layout.lease) is None:
+        adapter.delete_prefix(layout.records)  # no lease: no lock file made for nothing
+        return
+    with adapter.exclusive(layout.lease):
+        adapter.delete_prefix(layout.records)
 
 
 def levels(path: str) -> Iterator[tuple[str, str]]:

@@ -18,6 +18,7 @@ must read data (a deep verify, an adoption).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -816,9 +817,13 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     # keeps its records. Removing its lease would leave it writing unaware, its writes
     # landing in whatever entry the next writer starts. (Checked by this listing, one
     # round trip before the delete, where the data's removal took many.)
-    listed = a.list(layout.records)
-    planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
-    a.delete([i.path for i in planned.values()])
+    # Under the lease's lock (`remove_records`'s reason): a renewal of a lease judged
+    # stale, between its check and its rename, would put it back after the delete.
+    locked = a.exclusive(layout.lease) if LEASE_NAME in item.expect else None
+    with locked or contextlib.nullcontext():
+        listed = a.list(layout.records)
+        planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
+        a.delete([i.path for i in planned.values()])
     kept = sorted(set(listed) - set(planned))
     a.prune(layout.records)
     if kept:

@@ -77,7 +77,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import isfilelike, stringify_path
 
 from durable._atomic import publish
-from durable._entry import Entry, refuse_inside_committed, refuse_leased
+from durable._entry import Entry, refuse_inside_committed, refuse_leased, remove_records
 from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import LEASE_NAME, RECORDS_DIR, Layout, Marker
 from durable._record_cache import RecordCache
@@ -580,7 +580,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
     def _drop_records(self, layouts: list[Layout]) -> None:
         for layout in layouts:
             if self.adapter.exists(layout.records):
-                self.adapter.delete_prefix(layout.records)
+                remove_records(self.adapter, layout)  # a lease: as a renewal's lock says
             # An empty records dir left on disk or in memory; object stores have none.
             with contextlib.suppress(OSError, NotImplementedError, ValueError):
                 self.fs.rmdir(layout.records.rpartition("/")[0])

@@ -14,6 +14,15 @@ and writes take no lock: one landing after the check is never removed). The lock
 with its process (a SIGKILLed holder frees it), and the sidecar is never removed (removing
 a lock file races with processes waiting on the old inode).
 
+The window of a conditional replace: between its check and its rename, only a writer that
+takes no lock can act. Every removal of a lease durable makes takes the lock
+(`durable._entry.remove_records`, clean), and leases are created only create-only (link(2)
+fails while one is there), so no writer of durable's falls in it. A writer that takes no
+lock does: a lease removed by another tool (``rm``) in it is put back by the rename, its
+holder going on as if nothing happened; one put there by a plain write is overwritten.
+POSIX has no rename that compares what it replaces (Linux's RENAME_EXCHANGE swaps, but not
+on NFS), so this stays open to other tools, for the tens of microseconds of each renewal.
+
 Limits: ``lockf`` reaches other machines only where the file system forwards it (local
 disks: one machine; NFSv3 with NLM and NFSv4: yes). NFS mounted with ``nolock`` or
 ``local_lock=all|posix`` and FUSE mounts (gcsfuse, s3fs-fuse, ...) keep locks on one
@@ -481,6 +490,8 @@ class LocalAdapter(Adapter):
                 found=found)
 
     def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        # Check, then rename, under the lock: no conditional write and no removal durable
+        # makes of a lease falls between; a tool that takes no lock can (module doc).
         with _cas_lock(path):
             self._check_version(path, version)
             return self.put(path, data, durable=False)
