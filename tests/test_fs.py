@@ -813,6 +813,39 @@ def test_rm_of_an_entry_removes_all_its_records(place: Place) -> None:
     assert entry.state() is durable.State.ABSENT
 
 
+def test_rm_never_takes_a_live_writers_lease(place: Place) -> None:
+    """``rm`` of an entry, of its records or of a folder holding it removed the lease its
+    writer holds live: the writer wrote on, unprotected, and learnt only at its commit.
+    Refused as `Entry.delete` refuses (IncompleteExistsError, a FileExistsError), naming
+    the entry, the holder and how to force; once the writer committed, rm removes it."""
+    url = place.inner.unstrip_protocol(place.path("top/ent"))
+    entry = durable.Entry(url, storage_options=place.inner_options)
+    fs, root = fsspec.url_to_fs(place.url(""), **place.so)
+    root = root.rstrip("/")
+    with durable.Lease(url, storage_options=place.inner_options, heartbeat=0.2,
+                       stale_after=30) as lease, entry.writing(lease=lease) as w:
+        w.write_bytes("a", b"1")
+        before = place.objects()
+        for call in (lambda: fs.rm(f"{root}/top/ent", recursive=True),
+                     lambda: fs.rm(f"{root}/top/.durable/ent", recursive=True),
+                     lambda: fs.rm(f"{root}/top/.durable", recursive=True),
+                     lambda: fs.rm(f"{root}/top/.durable/ent/lease.json"),
+                     lambda: fs.rm_file(f"{root}/top/.durable/ent/lease.json"),
+                     lambda: fs.rm(f"{root}/top", recursive=True),
+                     lambda: fs.mv(f"{root}/top", f"{root}/moved", recursive=True)):
+            with pytest.raises(durable.IncompleteExistsError) as refused:
+                call()
+            assert isinstance(refused.value, FileExistsError)
+            message = str(refused.value)
+            assert entry.url in message and lease.url in message
+            assert f"pid {os.getpid()}" in message and "delete(force=True)" in message
+            assert place.objects() == before and lease.held
+        w.write_bytes("b", b"2")
+    assert entry.state() is durable.State.COMPLETE
+    fs.rm(f"{root}/top", recursive=True)
+    assert place.objects() == []
+
+
 # -- S3: multipart uploads, interrupted and finished ------------------------------------------
 @pytest.fixture
 def s3_proxied_place(s3_bucket: Bucket, s3_boto: Any) -> Iterator[tuple[Place, FaultProxy]]:

@@ -65,6 +65,7 @@ FORMAT = "durable.commit"
 FORMAT_VERSION = 1
 RECORDS_DIR = ".durable"
 MARKER_NAME = "commit.json"
+LEASE_NAME = "lease.json"
 # A marker is read before anything it says is trusted, so its size is capped: a hostile or
 # corrupt marker must not make a reader allocate gigabytes.
 MAX_MARKER_BYTES = 4 * 1024 * 1024
@@ -513,7 +514,7 @@ class Layout:
     @property
     def lease(self) -> str:
         """The writer lease: rewritten by its holder's heartbeat, so its version changes."""
-        return f"{self.records}/lease.json"
+        return f"{self.records}/{LEASE_NAME}"
 
     @property
     def attempts(self) -> str:

@@ -460,6 +460,11 @@ class Adapter(ABC):
         ``root``. False on stores that have no links."""
         return False
 
+    def links_in(self, directory: str) -> Sequence[str]:
+        """Names of the links directly in ``directory`` (symlinks, on a local disk), which
+        listings never show; [] on stores that have no links (no request)."""
+        return []
+
     # removing -----------------------------------------------------------------------------
     @abstractmethod
     def delete(self, paths: Iterable[str]) -> None:

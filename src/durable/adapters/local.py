@@ -14,6 +14,15 @@ and writes take no lock: one landing after the check is never removed). The lock
 with its process (a SIGKILLed holder frees it), and the sidecar is never removed (removing
 a lock file races with processes waiting on the old inode).
 
+The window of a conditional replace: between its check and its rename, only a writer that
+takes no lock can act. Every removal of a lease durable makes takes the lock
+(`durable._entry.remove_records`, clean), and leases are created only create-only (link(2)
+fails while one is there), so no writer of durable's falls in it. A writer that takes no
+lock does: a lease removed by another tool (``rm``) in it is put back by the rename, its
+holder going on as if nothing happened; one put there by a plain write is overwritten.
+POSIX has no rename that compares what it replaces (Linux's RENAME_EXCHANGE swaps, but not
+on NFS), so this stays open to other tools, for the tens of microseconds of each renewal.
+
 Limits: ``lockf`` reaches other machines only where the file system forwards it (local
 disks: one machine; NFSv3 with NLM and NFSv4: yes). NFS mounted with ``nolock`` or
 ``local_lock=all|posix`` and FUSE mounts (gcsfuse, s3fs-fuse, ...) keep locks on one
@@ -33,7 +42,7 @@ import stat as _stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -47,9 +56,14 @@ from durable.adapters.base import (
     VersionMismatchError,
 )
 
-__all__ = ["LocalAdapter", "fsync_dir"]
+__all__ = ["DEL_MARK", "TMP_MARK", "LocalAdapter", "fsync_dir"]
 
 TMP_MARK = ".durable-tmp-"
+#: What `delete_if` renames an object to before removing it (``.NAME.durable-tmp-del-*``,
+#: a lease or a marker, in a records directory). One left by a process killed between the
+#: rename and the unlink is debris of a removal, never a sign of a writer at work: status
+#: and scan pass over it, and a clean (or an entry starting over) removes it.
+DEL_MARK = f"{TMP_MARK}del-"
 # fsync releases the GIL: a small pool overlaps the disk's flushes at commit.
 _SYNC_WORKERS = 8
 # CRC32C is computed in the writing thread, before each write(2): ~55 ms per GiB here. A
@@ -484,6 +498,8 @@ class LocalAdapter(Adapter):
                 found=found)
 
     def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        # Check, then rename, under the lock: no conditional write and no removal durable
+        # makes of a lease falls between; a tool that takes no lock can (module doc).
         with _cas_lock(path):
             self._check_version(path, version)
             return self.put(path, data, durable=False)
@@ -496,7 +512,7 @@ class LocalAdapter(Adapter):
             # holder's lease) would be unlinked in its stead, a commit lost. So what is
             # there is renamed aside (atomic) and judged again, by its own inode.
             directory, name = os.path.split(path)
-            aside = os.path.join(directory, f".{name}{TMP_MARK}del-{uuid.uuid4().hex[:12]}")
+            aside = os.path.join(directory, f".{name}{DEL_MARK}{uuid.uuid4().hex[:12]}")
             try:
                 os.rename(path, aside)
             except FileNotFoundError:
@@ -569,6 +585,13 @@ class LocalAdapter(Adapter):
             except OSError as exc:
                 if exc.errno not in _NO_SUCH_NAME:
                     raise
+
+    def links_in(self, directory: str) -> Sequence[str]:
+        try:
+            with os.scandir(directory) as it:
+                return sorted(e.name for e in it if e.is_symlink())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()
