@@ -7,9 +7,10 @@ import errno
 import io
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
-from durable._entry import refuse_inside_committed
+from durable._entry import _IN_PROCESS, refuse_inside_committed
 from durable._errors import EntryExistsError, IntegrityError, MarkerError
 from durable._protocol import (
     MAX_MARKER_BYTES,
@@ -65,8 +66,8 @@ def atomic_write(
     that CRC over exactly the bytes it took); see docs/guarantees.md.
 
     Inside a committed entry (a directory or prefix whose marker is in an ancestor's
-    ``.durable/``): EntryExistsError naming both, before anything is written (one marker
-    read per folder above; on an object store all at once, one round trip).
+    ``.durable/``): EntryExistsError naming both, and nothing is published (one marker
+    read per folder above; on an object store all at once, while the caller writes).
     """
     if mode not in ("wb", "w", "xb", "x", "wt", "xt"):
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")
@@ -86,9 +87,19 @@ def atomic_write(
             layout = None  # no parent to hold records: none to remove either
     # Inside a committed entry (a marker of kind "prefix" above it), the object would
     # change data that marker still vouches for: COMPLETE over other bytes, or beside an
-    # object its manifest never listed. Refused before anything is written (a marker read
-    # per level above; on a store across a network, all at once: one round trip).
-    refuse_inside_committed(adapter, path, "writing")
+    # object its manifest never listed. On a local disk refused before anything is written
+    # (a temp file in the entry's folder would show in its listing). On a store across a
+    # network the markers above are read (all at once: one round trip) while the caller
+    # writes, and the answer is awaited before anything is published (a PUT, a multipart
+    # Complete; parts sent meanwhile are aborted): a refusal still leaves no object, and a
+    # write does not wait a round trip for it before its first byte.
+    looked: Future[None] | None = None
+    if set(adapter.protocols) & _IN_PROCESS:
+        refuse_inside_committed(adapter, path, "writing")
+    else:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="durable-look-above")
+        looked = pool.submit(refuse_inside_committed, adapter, path, "writing")
+        pool.shutdown(wait=False)
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
     buffered = (io.BufferedWriter if "b" in mode else GrowingBuffer)(raw, buffer_size=_BUFFER)
@@ -100,6 +111,8 @@ def atomic_write(
     try:
         yield handle
         handle.flush()
+        if looked is not None:
+            looked.result()  # EntryExistsError: inside a committed entry, nothing published
     except BaseException:
         raw.abort()
         raise
