@@ -371,6 +371,22 @@ def test_listing_is_one_paginated_listing(
     assert keys == ["pq"]
 
 
+def test_listing_follows_every_page(s3_bucket: Bucket, adapter: S3Adapter,
+                                    boto: Any) -> None:
+    """moto pages listings by 1,000, as S3 does: a scan of a big root, an entry's verify
+    must see every key, through s3fs and through obstore (durable's records)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [f"many/.durable/{i:04d}" for i in range(1003)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: boto.put_object(Bucket=s3_bucket.name, Key=k,
+                                                Body=k.encode()), keys))
+    for below in ("many", "many/.durable"):  # s3fs's listing; obstore's for the records
+        listed = adapter.list(f"{s3_bucket.name}/{below}")
+        assert sorted(listed) == [k.removeprefix(f"{below}/") for k in keys], below
+        assert {info.size for info in listed.values()} == {18}
+
+
 def test_a_key_holding_a_version_id_is_refused_not_cut(s3_bucket: Bucket) -> None:
     """s3fs cuts "report?versionId=draft" to "report": the write replaced another object."""
     opts = s3_bucket.storage_options
