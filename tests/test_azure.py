@@ -452,7 +452,7 @@ def test_a_refused_upload_is_the_builtin_naming_the_blob(
 
 
 def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_blob(
-        proxied: tuple[Bucket, FaultProxy]) -> None:
+        proxied: tuple[Bucket, FaultProxy], monkeypatch: pytest.MonkeyPatch) -> None:
     """A store that closes the connection on every request (the client's retries spent,
     a bounded number): an OSError naming the blob and the request, as on S3; it was
     the SDK's ServiceRequestError, no OSError, naming nothing."""
@@ -460,10 +460,16 @@ def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_blob(
     url = bucket.path("a.bin")
     with atomic_write(url, storage_options=bucket.storage_options) as f:
         f.write(b"d" * 1000)
+    # The SDK's own retries, as many, without their 15 to 45 s of backoff (80 s a run).
+    retry = bucket.filesystem().service_client._config.retry_policy
+    for setting in ("initial_backoff", "increment_base", "random_jitter_range"):
+        monkeypatch.setattr(retry, setting, 0)  # undone after: the filesystem is cached
     proxy.add(drop_connection(match=Match(methods="GET")))
     with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
                                       "Serv[A-Za-z]*Error: Server disconnected"):
         read_verified(url, storage_options=bucket.storage_options)
+    # The retry path ran: the GET was sent again, each time on a new connection.
+    assert len([r for r in proxy.requests if r.method == "GET"]) > retry.total_retries
 
 
 def test_a_stalled_body_is_a_timeout_naming_the_blob(
