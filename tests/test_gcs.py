@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import quote
 
 import crc32c
@@ -577,10 +578,25 @@ def test_a_ranged_get_answered_with_another_range_is_refused(
 
 
 def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_object(
-        proxied: tuple[Bucket, FaultProxy]) -> None:
+        proxied: tuple[Bucket, FaultProxy], monkeypatch: pytest.MonkeyPatch) -> None:
     """A store that closes the connection on every request (the client's retries spent,
     a bounded number): an OSError naming the object and the request, as on S3; it was
     aiohttp's ServerDisconnectedError, no OSError, naming nothing."""
+    import asyncio
+
+    import gcsfs.retry
+
+    class NoBackoff:
+        """gcsfs's retries, as many, without their 1 + 2 + 4 + 8 + 16 s of sleep."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(asyncio, name)
+
+        @staticmethod
+        async def sleep(delay: float) -> None:
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", NoBackoff())
     bucket, proxy = proxied
     url = bucket.path("a.bin")
     with atomic_write(url, storage_options=bucket.storage_options) as f:
@@ -589,6 +605,7 @@ def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_object(
     with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
                                       "Serv[A-Za-z]*Error: Server disconnected"):
         read_verified(url, storage_options=bucket.storage_options)
+    assert proxy.count(method="GET", query="alt") > 1  # the retry path ran
 
 
 def test_an_error_page_served_as_200_for_the_resource_names_the_object(
