@@ -140,9 +140,12 @@ def race(store: Store, counter: str, n: int, n_rounds: int) -> list[dict[int, li
     return [got[i] for i in range(n)]
 
 
-@pytest.mark.slow  # 8 x 30 miss-and-wait rounds; on moto about 30-45 s, moto-bound
+@pytest.mark.slow  # 8 x 30 miss-and-wait rounds; on moto 8 x 10, about 10-15 s, moto-bound
 def test_processes_compute_each_entry_once(shared: Store, counter: str) -> None:
-    n, n_rounds = 8, 30
+    # Each round is a race of its own (a new entry, all 8 callers released together): a
+    # caller that computed without the lease, or did not wait for it, shows in any round;
+    # on moto (a second a round) 10 of them, 30 on the local disk.
+    n, n_rounds = 8, 30 if shared.kind == "local" else 10
     results = race(shared, counter, n, n_rounds)
     done = computations(counter)
     assert collections.Counter(x for x, _ in done) == {r: 1 for r in range(n_rounds)}

@@ -227,7 +227,9 @@ def test_threads_racing_to_commit_have_exactly_one_winner(
 
 
 # -- every marker PUT at the store at once, from real processes --------------------------------
-@pytest.mark.parametrize(("writers", "rounds"), [(2, ROUNDS), (8, 10)])
+# The gate makes every round the same race (all markers at the store at once, in every
+# round): a few rounds show it, and that one round's entry never disturbs the next's.
+@pytest.mark.parametrize(("writers", "rounds"), [(2, 5), (8, 3)])
 def test_processes_racing_to_commit_have_exactly_one_winner(
         s3_bucket: Bucket, boto: Any, proxy: FaultProxy, via_proxy: dict[str, Any],
         writers: int, rounds: int) -> None:
