@@ -94,6 +94,38 @@ def _housekeeping_settled() -> Iterator[None]:
     background.wait()
 
 
+class _NoSleep:
+    """A client library's ``asyncio`` or ``time`` module, its sleeps made 0."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def sleep(self, delay: float, *args: Any) -> Any:
+        return self._module.sleep(0)  # a coroutine for asyncio, None for time
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clients' own retries, as many as ever, without the backoff between them
+    (botocore, aiobotocore, s3fs, gcsfs: up to 33 s per request given up on): what a
+    test of a fault that outlasts them checks is the error at the end, not the wait."""
+    import asyncio
+    import time
+
+    import aiobotocore.endpoint
+    import botocore.endpoint
+    import gcsfs.retry
+    import s3fs.core
+
+    monkeypatch.setattr(botocore.endpoint, "time", _NoSleep(time))
+    monkeypatch.setattr(aiobotocore.endpoint, "asyncio", _NoSleep(asyncio))
+    monkeypatch.setattr(s3fs.core, "asyncio", _NoSleep(asyncio))
+    monkeypatch.setattr(gcsfs.retry, "asyncio", _NoSleep(asyncio))
+
+
 @pytest.fixture
 def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
     """A fault proxy in front of the moto server, and storage options that go through it;

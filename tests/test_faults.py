@@ -27,7 +27,9 @@ from durable.testing import faults
 from durable.testing.faults import FaultProxy, Match, RequestInfo
 from durable.testing.pytest_plugin import Bucket
 
-pytestmark = pytest.mark.s3
+# What the clients do is the number of their retries and how they end, never how long
+# they waited between them.
+pytestmark = [pytest.mark.s3, pytest.mark.usefixtures("no_backoff")]
 
 MiB = 1024 * 1024
 PART = 5 * MiB
