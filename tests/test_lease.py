@@ -337,7 +337,8 @@ def test_heartbeat_notices_a_takeover(shared: Place) -> None:
 
 
 @pytest.mark.s3
-def test_a_holder_cut_off_from_the_store_loses_its_lease(s3_bucket: Bucket) -> None:
+def test_a_holder_cut_off_from_the_store_loses_its_lease(s3_bucket: Bucket,
+                                                         no_backoff: None) -> None:
     with FaultProxy(upstream=s3_bucket.server.url) as proxy:
         # One attempt per botocore call: with its default retries (on top of s3fs's own),
         # a renewal against a store answering 503 takes about a minute to give up.
