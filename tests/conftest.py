@@ -94,6 +94,21 @@ def _housekeeping_settled() -> Iterator[None]:
     background.wait()
 
 
+# What the racing test children need, imported once in the fork server, not by each
+# (8 children at once on two cores): durable, the S3 stack, the cached function.
+FORKSERVER_PRELOAD = ["_cached_child", "durable.adapters.s3"]
+
+
+def forkserver() -> Any:
+    """multiprocessing's forkserver context, preloading FORKSERVER_PRELOAD (one server per
+    session: the preload is the first caller's, so every caller names this one)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
+
+
 class _NoSleep:
     """A client library's ``asyncio`` or ``time`` module, its sleeps made 0."""
 

@@ -11,7 +11,6 @@ import collections
 import fcntl
 import functools
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -29,6 +28,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import _cached_child
 import durable
 from _cached_child import Child, cached_compute, computations
+from conftest import forkserver
 from durable import (
     Entry,
     IncompleteExistsError,
@@ -123,9 +123,7 @@ def child(mode: str, store: Store, *args: str) -> Child:
 # one computation per round --------------------------------------------------------------------
 def race(store: Store, counter: str, n: int, n_rounds: int) -> list[dict[int, list[int]]]:
     """``n`` processes call ``compute(r)`` together, round after round."""
-    ctx = multiprocessing.get_context("forkserver")
-    # Imported once in the fork server, not eight times over on two cores.
-    ctx.set_forkserver_preload(["_cached_child", "durable.adapters.s3"])
+    ctx = forkserver()  # imported once in the fork server, not eight times over
     barrier, results = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_cached_child.rounds, args=(
         store.root, store.options, counter, barrier, n_rounds, results, i)) for i in range(n)]

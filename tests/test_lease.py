@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import multiprocessing
 import os
 import signal
 import sys
@@ -30,6 +29,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import _cached_child
 import durable._lease
 from _cached_child import Child
+from conftest import forkserver
 from durable import (
     Entry,
     IncompleteExistsError,
@@ -151,8 +151,7 @@ def test_conditional_write_has_one_winner(local: Place, how: str) -> None:
     adapter.put(path, b"start")
     n = 8
     if how == "processes":
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["_cached_child", "durable.adapters.s3"])
+        ctx = forkserver()
         barrier, results = ctx.Barrier(n), ctx.Queue()
         procs = [ctx.Process(target=_cached_child.cas_racer,
                              args=(path, {}, PROCESS_ROUNDS, barrier, results, i))

@@ -37,7 +37,6 @@ whose cleanup must not take the committed entry for its own leftovers.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import threading
@@ -50,6 +49,7 @@ from typing import Any
 import fsspec
 import pytest
 
+from conftest import forkserver
 from durable import AlreadyCompleteError, Entry, IntegrityError
 from durable import _background as background
 from durable._checksum import crc32c
@@ -238,8 +238,7 @@ def test_processes_racing_to_commit_have_exactly_one_winner(
     prefix = s3_bucket.path("procs")
     # Forked from a server that imported durable and the S3 stack once (as test_cached's
     # and test_lease's racers): 8 interpreters importing it on two cores took 10 s.
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["_cached_child", "durable.adapters.s3"])
+    ctx = forkserver()
     results = ctx.Queue()
     children = [ctx.Process(target=_child, args=(prefix, rounds, via_proxy, results))
                 for _ in range(writers)]
