@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +140,36 @@ def cas_racer(path: str, options: dict[str, Any], n_rounds: int, barrier: Any, r
     except BaseException as exc:
         barrier.abort()
         results.put((ident, f"{type(exc).__name__}: {exc}"))
+
+
+def renewing_holder(url: str, n_rounds: int, held: Any, removed: Any, out: Any,
+                    go: Any) -> None:
+    """Round after round (a multiprocessing child): take the lease of ``url``, set ``held``,
+    renew it back to back until a renewal finds it lost (puts "lost"), or until one that
+    started once ``removed`` was set went through ("still held": removed, yet renewed;
+    or the error a renewal raised); then wait for ``go``. (Events, not the queue, say
+    "held": a queue's feeder thread gets no turn while the loop runs.)"""
+    from durable import Lease, LeaseLostError
+
+    for _ in range(n_rounds):
+        try:
+            # No heartbeat of its own to speak of: every renewal is this loop's.
+            with Lease(url, heartbeat=1000, stale_after=3600) as lease:
+                held.set()
+                until = time.monotonic() + 60
+                try:
+                    while time.monotonic() < until:
+                        after_removal = removed.is_set()
+                        lease.renew()
+                        if after_removal:
+                            break
+                    out.put("still held")
+                except LeaseLostError:
+                    out.put("lost")
+        except Exception as exc:
+            held.set()  # (if it failed to take the lease: the round is over all the same)
+            out.put(f"{type(exc).__name__}: {exc}")
+        go.get(timeout=60)
 
 
 def _hold(root: str, options: dict[str, Any], x: int, where: str) -> None:

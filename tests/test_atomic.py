@@ -17,6 +17,7 @@ import fsspec
 import pytest
 
 import durable
+import durable._background
 import durable.adapters
 from conftest import Place
 from durable import IncompleteError, atomic_write, read_verified
@@ -339,3 +340,64 @@ def test_a_directory_is_not_a_file_to_write(tmp_path: Path) -> None:
             pass
         assert err.value.filename == str(target)
     assert sorted(os.listdir(tmp_path)) == ["d"] and os.listdir(tmp_path / "d") == []
+
+
+def _codeword(data: bytes) -> bytes:
+    """``data`` ending in its CRC32C, as zarr's crc32c codec stores a chunk."""
+    return data + crc32c.crc32c(data).to_bytes(4, "little")
+
+
+def test_a_codeword_object_replaced_by_another_of_its_size_is_caught(place: Place) -> None:
+    """Every object ending in its own CRC32C has the same CRC32C (the residue): only its
+    last 4 bytes (the record's tail) tell two of one size apart. atomic_write kept none,
+    so another such object put in its place read back as verified."""
+    with atomic_write(place.url("chunk")) as f:
+        f.write(_codeword(b"the committed chunk"))
+    assert "tail" in recorded(place, "chunk")
+    place.write("chunk", _codeword(b"another attempt's!!"))
+    with pytest.raises(durable.IntegrityError, match="chunk"):
+        read_verified(place.url("chunk"))
+
+
+def _refused_inside(url: str, outer: durable.Entry, so: dict[str, object] | None = None,
+                    **kw: object) -> None:
+    with pytest.raises(durable.EntryExistsError) as refused, \
+            atomic_write(url, storage_options=so, **kw) as f:  # type: ignore[arg-type]
+        f.write("new" if kw.get("mode") == "w" else b"new")
+    assert isinstance(refused.value, FileExistsError)
+    assert f"inside the committed entry {outer.url}," in str(refused.value)
+
+
+def test_inside_a_committed_entry_nothing_is_written(place: Place) -> None:
+    """atomic_write of a path inside a COMPLETE directory entry went through: the entry
+    stayed COMPLETE over bytes its marker did not describe (verify failed later), or
+    beside an object its manifest never listed. Refused, naming both, before any byte
+    (no temp file, no directory made, no marker touched)."""
+    outer = durable.Entry(place.url("ds"))
+    with outer.writing() as w:
+        w.write_bytes("a", b"1")
+        w.write_bytes("sub/b", b"22")
+    before = place.files()
+    for key, kw in (("a", {}), ("sub/b", {"record": False}), ("new", {"mode": "xb"}),
+                    ("deeper/new", {}), ("sub/c.txt", {"mode": "w"})):
+        _refused_inside(place.url("ds", key), outer, **kw)
+        assert place.files() == before, key
+    assert outer.state() is durable.State.COMPLETE and outer.verify(deep=True).ok
+    with atomic_write(place.url("beside")) as f:  # beside the entry, as before
+        f.write(b"ok")
+    assert read_verified(place.url("beside")) == b"ok"
+
+
+def test_inside_a_committed_entry_on_s3_nothing_is_written(s3_bucket: Bucket) -> None:
+    so = dict(s3_bucket.storage_options)
+    outer = durable.Entry(s3_bucket.path("p", "ds"), storage_options=so)
+    with outer.writing() as w:
+        w.write_bytes("a", b"1")
+    durable._background.wait()  # the attempt record's removal, handed to a thread
+    fs = fsspec.filesystem("s3", **so)
+    before = sorted(fs.find(s3_bucket.name))
+    for key in ("a", "sub/deep/new"):
+        _refused_inside(s3_bucket.path("p", "ds", key), outer, so)
+        fs.invalidate_cache()
+        assert sorted(fs.find(s3_bucket.name)) == before
+    assert outer.verify(deep=True).ok

@@ -106,3 +106,26 @@ def test_a_process_exiting_right_after_a_commit_still_removes_its_attempt_record
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     assert _records(s3_bucket, "quits") == {"commit.json"}
+
+
+@pytest.mark.parametrize("store", ["s3_bucket", "gcs_bucket", "azure_container"])
+def test_a_script_ending_in_a_commit_removes_its_attempt_record_cleanly(
+        store: str, request: pytest.FixtureRequest) -> None:
+    """A script whose last step is a commit: the removal runs at interpreter exit, while
+    the clients can still connect. On Azure it failed there ("cannot schedule new futures
+    after interpreter shutdown": a new connection's DNS lookup goes to the default
+    executor, closed by then), logged a warning, and left the record for `durable clean`."""
+    bucket: Bucket = request.getfixturevalue(store)
+    script = textwrap.dedent(f"""
+        from durable import Entry
+        with Entry({bucket.path('quits')!r},
+                   storage_options={dict(bucket.storage_options)!r}).writing() as w:
+            w.write_bytes("a", b"1")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert "failed" not in done.stderr, done.stderr
+    fs = fsspec.filesystem(bucket.protocol, skip_instance_cache=True,
+                           **bucket.storage_options)
+    root = f"{bucket.name}/.durable/quits"
+    assert {p[len(root) + 1:] for p in fs.find(root)} == {"commit.json"}

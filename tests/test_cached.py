@@ -1103,3 +1103,72 @@ def test_every_nan_is_one_key_and_each_infinity_its_own(local: Store) -> None:
     infs = [float("inf"), np.float64("inf"), np.float32("inf")]
     assert len({f.entry(v).url for v in infs}) == 1
     assert len({f.entry(v).url for v in (np.nan, np.inf, -np.inf, 0.0)}) == 4
+
+
+# The length of one step of each NumPy time unit, in attoseconds (years and months: by
+# way of days, whose count NumPy gives exactly for a date in either).
+_ATTO = {"W": 7 * 86_400 * 10**18, "D": 86_400 * 10**18, "h": 3_600 * 10**18,
+         "m": 60 * 10**18, "s": 10**18, "ms": 10**15, "us": 10**12, "ns": 10**9,
+         "ps": 10**6, "fs": 10**3, "as": 1}
+
+
+def _instant(x: Any) -> Any:
+    """What a NumPy datetime64 or timedelta64 (or an array of them) stands for, exactly:
+    its kind and its counts of attoseconds (Python ints: no overflow); NaT as None."""
+    unit, steps = np.datetime_data(x.dtype)
+    kind = x.dtype.kind
+
+    def exact(count: int) -> int | tuple[str, int]:
+        if unit not in ("Y", "M"):
+            return count * steps * _ATTO[unit]
+        months = count * steps * (12 if unit == "Y" else 1)
+        if kind == "m":
+            return ("months", months)  # a span of months is no count of seconds
+        return _days_from_civil(1970 + months // 12, months % 12 + 1) * _ATTO["D"]
+
+    counts, nat = x.astype(np.int64).tolist(), np.isnat(x).tolist()
+    if x.ndim == 0:
+        return (kind, None if nat else exact(counts))
+    return (kind, [None if n else exact(c) for c, n in zip(counts, nat, strict=True)])
+
+
+def _days_from_civil(year: int, month: int) -> int:
+    """Days from 1970-01-01 to the first of ``month`` of ``year`` (proleptic Gregorian,
+    any year: H. Hinnant's algorithm, in Python ints)."""
+    year -= month <= 2
+    era = year // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def test_numpy_times_in_any_unit_never_share_a_key_with_another_instant(local: Store) -> None:
+    """datetime64 and timedelta64 scalars and arrays, in every unit (multiples too), near
+    zero and at the ends of their range: a key is never another instant's (nor another
+    span's), and none is an error. Decided: the unit is part of the key wherever it
+    changes the value held, so equal instants may key apart (a scalar in days is a
+    `date`, in minutes a `datetime`; an array's dtype names its unit): a miss, recomputed,
+    never another value's result."""
+    def keyed(x: Any) -> None:
+        return None
+
+    f = durable.cached(local.root)(keyed)
+    units = ["Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as", "2h",
+             "15m", "10D", "3M", "250ms", "100ns"]
+    counts = [0, 1, -1, 7, 12, 59, 60, 1000, 18262, 10**6, 2**40, -2**40, 2**62, -2**62,
+              2**63 - 1]
+    seen: dict[str, Any] = {}
+    for kind in (np.datetime64, np.timedelta64):
+        for unit in units:
+            values = [kind(n, unit) for n in counts] + [kind("NaT", unit)]
+            values.append(np.array([v for v in values[:4]]))
+            values.append(np.array(values[:4][::-1]))
+            for x in values:
+                key = f.entry(x).url  # never an error
+                assert seen.setdefault(key, _instant(x)) == _instant(x), (key, repr(x))
+    # The brief's case: one instant in days and in minutes keys apart (a date and a
+    # datetime), and a scalar never as an array.
+    day, minute = np.datetime64("2020-01-01", "D"), np.datetime64("2020-01-01T00:00", "m")
+    assert day == minute and f.entry(day).url != f.entry(minute).url
+    assert f.entry(day).url != f.entry(np.array(day)).url

@@ -452,6 +452,19 @@ def test_a_directory_at_the_markers_path_is_an_error_row_never_cleaned(
     assert all(place.read(f"e/{k}") == v for k, v in GOOD.items())
 
 
+def _committed_behind_a_link(tmp_path: os.PathLike[str], name: str,
+                             behind: str) -> tuple[str, Place, Entry]:
+    """(base, place ``base/root``, entry ``root/e`` committed), with ``root/name`` moved to
+    ``base/behind`` and a symlink to it left in its place."""
+    base = os.path.realpath(tmp_path)
+    place = Place("file", os.path.join(base, "root"))
+    os.makedirs(place.root)
+    entry = write_entry(place.url("e"), GOOD)
+    os.rename(os.path.join(place.root, name), os.path.join(base, behind))
+    os.symlink(os.path.join(base, behind), os.path.join(place.root, name))
+    return base, place, entry
+
+
 def test_records_behind_a_symlink_are_one_error_in_status_and_scan(
         tmp_path: os.PathLike[str]) -> None:
     """A symlinked ``.durable``: `status` read the marker through it (COMPLETE, exit 0),
@@ -459,12 +472,7 @@ def test_records_behind_a_symlink_are_one_error_in_status_and_scan(
     marker", which `clean` removes). Both now report the link, and nothing is cleaned or
     cleared through it; a symlinked folder of the entry's data is missing for
     `Entry.state()` too, as for every listing (it was stat-ed through the link)."""
-    base = os.path.realpath(tmp_path)
-    place = Place("file", os.path.join(base, "root"))
-    os.makedirs(place.root)
-    entry = write_entry(place.url("e"), GOOD)
-    os.rename(os.path.join(place.root, ".durable"), os.path.join(base, "elsewhere"))
-    os.symlink(os.path.join(base, "elsewhere"), os.path.join(place.root, ".durable"))
+    base, place, entry = _committed_behind_a_link(tmp_path, ".durable", "elsewhere")
     before = place.files()
     behind = Place("file", os.path.join(base, "elsewhere"))
     records = behind.files()
@@ -491,6 +499,42 @@ def test_records_behind_a_symlink_are_one_error_in_status_and_scan(
     (row,) = scan(other.url())
     assert row.state == "INCOMPLETE" == linked.state().value
     assert run("status", other.url("e")).exit_code == 3  # INCOMPLETE
+
+
+def test_an_entry_that_is_a_symlink_is_one_error_in_status_and_scan(
+        tmp_path: os.PathLike[str]) -> None:
+    """An entry directory that is itself a symlink: `status` judged the data behind it
+    (COMPLETE, exit 0) where `scan`, whose listing never follows a link, found every
+    object of the manifest missing (INCOMPLETE, which `clean` removes); unmarked, status
+    said "data present". Both now report an entry that is a link, naming it; status of an
+    unmarked link (a `latest -> ckpt-5` pointer) is the same error, and scan passes over
+    such a link (no data, no entry: not an ERROR row in every scan of a checkpoint
+    folder). Nothing is cleaned, verified or written through either."""
+    base, place, entry = _committed_behind_a_link(tmp_path, "e", "behind")
+    os.symlink(os.path.join(base, "behind"), os.path.join(place.root, "u"))  # unmarked
+    before, behind = place.files(), Place("file", os.path.join(base, "behind")).files()
+    assert sorted(behind) == sorted(GOOD)
+
+    rows = {r.url: r for r in scan(place.url())}
+    assert sorted(rows) == [entry.url]
+    for name in ("e", "u"):
+        status = run("status", place.url(name), "--json")
+        said = status.stderr.removeprefix("durable: error: ").strip()
+        assert status.exit_code == 1 and f"{place.canonical(name)} is a symlink" in said
+        if name == "e":
+            row = rows[place.canonical(name)]
+            assert row.state == "ERROR" and row.reason == f"MarkerError: {said}"
+        linked = Entry(place.url(name))
+        for call in (linked.state, linked.verify, linked.mark_complete):
+            with pytest.raises(MarkerError, match="is a symlink"):
+                call()
+        with pytest.raises(MarkerError, match="is a symlink"), \
+                linked.writing(overwrite=True):
+            pass  # pragma: no cover
+    cleaned = as_json(run("clean", place.url(), "--older-than", "0s", "--apply", "--json"))
+    assert cleaned["items"] == []
+    assert place.files() == before
+    assert Place("file", os.path.join(base, "behind")).files() == behind
 
 
 def test_a_client_librarys_own_traceback_is_shown_only_with_debug(

@@ -504,6 +504,27 @@ def test_a_copy_into_the_entry_is_of_the_recorded_bytes_only(place: Place) -> No
     assert read_verified(place.url("dst", "plain")) == b"no record"
 
 
+def test_a_copy_into_the_entry_of_a_codeword_chunk_checks_its_tail(place: Place) -> None:
+    """A chunk zarr's crc32c codec encoded ends with its own CRC32C, so its whole CRC32C is
+    the residue: another attempt's chunk of the same size put over the committed one had
+    its record's size and CRC32C, and ``w.fs.cp_file`` copied and committed it as good
+    (verify and verified reads check the record's tail, its last 4 bytes)."""
+    def codeword(body: bytes) -> bytes:
+        return body + crc32c.crc32c(body).to_bytes(4, "little")
+
+    src = Entry(place.url("src"))
+    with src.writing() as w:
+        w.write_bytes("c/0", codeword(b"the committed chunk"))
+    record = src.read_marker().manifest.objects["c/0"]  # type: ignore[union-attr]
+    assert record.tail is not None  # kept by the writer (it kept none: nothing to check)
+    place.write("src/c/0", codeword(b"a straggler's chunk"))  # around durable
+    dst = Entry(place.url("dst"))
+    with pytest.raises(IntegrityError, match=r"src/c/0: ends with .*, the record says"), \
+            dst.writing() as w:
+        w.fs.cp_file(place.url("src", "c", "0"), f"{w.path}/c/0")
+    assert dst.state() is State.ABSENT
+
+
 def test_nothing_is_written_through_a_symlinked_directory(
         tmp_path: os.PathLike[str]) -> None:
     """A directory of an INCOMPLETE entry swapped for a symlink, then a resumed writer:

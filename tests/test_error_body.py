@@ -229,3 +229,31 @@ def test_head_error_names_the_status_once(
             pytest.raises(PermissionError) as info:
         _chained(url, via, Path(), "durable::")
     assert "HEAD answered HTTP 403: Forbidden" in str(info.value)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(("size", "request_name", "method"), [
+    (2 * 1024 * 1024, "PutObject", "PUT"),  # over obstore's small PUTs: through s3fs
+    (12 * 1024 * 1024, "CompleteMultipartUpload", "POST"),  # (with ?uploadId=)
+])
+def test_a_write_answered_200_with_an_error_document_says_so(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]], size: int,
+        request_name: str, method: str) -> None:
+    """S3 answers some failures of CompleteMultipartUpload and CopyObject with a 200 whose
+    body is an error document; botocore counts it a 500 (and retries it). The error must
+    say what the store did, with its code and message, naming the object: it said "HTTP
+    500", which the store never answered."""
+    proxy, via = proxied
+    url = s3_bucket.path("answered.bin")
+    page = faults.error_body_with_200(
+        code="InternalError", message="We encountered an internal error. Please try again.",
+        method=[method], path=_only("answered.bin"),
+        query="uploadId" if method == "POST" else "!uploadId")
+    with proxy.injected(page), pytest.raises(OSError) as info, \
+            atomic_write(url, storage_options=via) as f:
+        f.write(os.urandom(size))
+    text = str(info.value)
+    assert url in text and request_name in text, text
+    assert "answered HTTP 200 with an error document" in text, text
+    assert "InternalError: We encountered an internal error." in text, text
+    assert "HTTP 500" not in text, text

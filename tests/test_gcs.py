@@ -703,3 +703,19 @@ class TestGCSConformance(AdapterTests):
     def raw_list(self, prefix: str) -> list[str]:
         below = self._key(prefix).rstrip("/") + "/"
         return [f"{self.raw.bucket}/{k}" for k in self.raw.keys(below)]
+
+
+@pytest.mark.parametrize("server", ["gcs_bucket", "fake_gcs_bucket"])
+def test_read_small_is_one_bounded_get(server: str, request: pytest.FixtureRequest) -> None:
+    """`read_small` (tensorstore's marker reads): the bytes of a small object, an empty
+    one too (no byte 0 to range over), None for none, and over the limit a ValueError
+    giving the whole size, from the first limit + 1 bytes."""
+    bucket: Bucket = request.getfixturevalue(server)
+    a = adapter(bucket)
+    fs = bucket.filesystem()
+    for name, data in (("small", b"0123456789"), ("empty", b"")):
+        fs.pipe_file(f"{bucket.name}/{name}", data)
+        assert a.read_small(f"{bucket.name}/{name}", 10) == data
+    assert a.read_small(f"{bucket.name}/absent", 10) is None
+    with pytest.raises(ValueError, match=r"/small is 10 bytes, over the limit of 9"):
+        a.read_small(f"{bucket.name}/small", 9)

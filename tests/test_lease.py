@@ -11,6 +11,7 @@ import collections
 import contextlib
 import math
 import os
+import random
 import signal
 import sys
 import threading
@@ -195,6 +196,41 @@ def test_a_conditional_delete_on_a_local_disk_never_removes_what_took_the_object
     assert sorted(os.listdir(os.path.dirname(path))) == ["commit.json"]  # nothing aside
     adapter.delete_if(path, other[0].version)  # the version it is at: removed
     assert adapter.info(path) is None
+
+
+def test_a_renewal_racing_a_removal_never_puts_the_lease_back(local: Place) -> None:
+    """A renewal on a disk is a version check, then a rename, under a lock; removals took
+    no lock. Entry.delete(force=True) removing the lease between a renewal's check and its
+    rename lost the removal: the rename put the lease back, and its holder wrote on, held,
+    into a deleted entry (or its temp file went with the records: an OSError, not the
+    lease lost). Real processes: the holder renews back to back while this one deletes,
+    round after round; every time the holder must find the lease lost."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["_cached_child"])
+    held, removed, out, go = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    rounds = 40
+    holder = ctx.Process(target=_cached_child.renewing_holder,
+                         args=(local.url, rounds, held, removed, out, go))
+    holder.start()
+    entry = local.entry()
+    outcomes: collections.Counter[str] = collections.Counter()
+    try:
+        for _ in range(rounds):
+            assert held.wait(timeout=60)
+            held.clear()
+            # While it renews: most of its time is spent between a check and a rename.
+            time.sleep(random.uniform(0.001, 0.01))
+            entry.delete(force=True)
+            removed.set()  # a renewal that starts from here on must find the lease lost
+            outcomes[out.get(timeout=60)] += 1
+            removed.clear()
+            go.put(1)
+    finally:
+        holder.join(timeout=60)
+        if holder.is_alive():
+            holder.kill()
+    assert outcomes == {"lost": rounds}
+    assert entry.state() is State.ABSENT
 
 
 def race_threads(adapter: Any, path: str, n: int, rounds: int = ROUNDS) -> dict[int, list[str]]:

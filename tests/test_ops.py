@@ -559,8 +559,12 @@ def check_clean(store: Store, *, dry_run: bool = True) -> None:
     doomed |= {url.rpartition(f"{store.url()}/")[2] for kind, url in expected
                if kind == "temp"}
     live_leases = {f".durable/{n}/lease.json" for n in names("live", sizes)}
-    assert after.keys() == before.keys() - doomed
-    assert {k: v for k, v in after.items() if k not in live_leases} == {
+    # On a disk a stale lease is removed under its lock (a renewal falling in between put
+    # it back): its sidecar stays, as every lock sidecar does (durable's, never data).
+    locks = {f".durable/{n}.durable-lock" for n in names("stale", sizes)} - before.keys() \
+        if store.kind == "file" else set()
+    assert after.keys() == (before.keys() - doomed) | locks
+    assert {k: v for k, v in after.items() if k not in live_leases | locks} == {
         k: v for k, v in before.items() if k not in doomed | live_leases}
 
 
@@ -1078,3 +1082,84 @@ def test_lock_sidecars_left_by_a_cleared_cache_are_not_data(tmp_path: Path) -> N
     locks = list((tmp_path / "cache").rglob("*.durable-lock"))
     assert locks, "the lease's lock sidecar is expected to outlive the entry"
     assert scan(root) == []
+
+
+# A process killed inside LocalAdapter.delete_if, after it renamed the object aside and
+# before it unlinked it: the crash is real (the process exits there), the leftover is what
+# such a crash leaves.
+_KILLED_IN_DELETE_IF = r"""
+import os, sys
+from durable.adapters import resolve
+adapter, path = resolve(sys.argv[1], None)
+unlink = os.unlink
+def unlink_or_die(p, *args, **kwargs):
+    if ".durable-tmp-del-" in os.fspath(p):
+        os._exit(9)
+    return unlink(p, *args, **kwargs)
+os.unlink = unlink_or_die
+adapter.delete_if(path, adapter.info(path).version)
+"""
+
+
+def _killed_in_delete_if(path: str) -> str:
+    run = subprocess.run([sys.executable, "-c", _KILLED_IN_DELETE_IF, path], check=False)
+    assert run.returncode == 9
+    directory, name = os.path.split(path)
+    (left,) = [n for n in os.listdir(directory) if n.startswith(f".{name}.durable-tmp-del-")]
+    return os.path.join(directory, left)
+
+
+def test_what_a_conditional_delete_killed_part_way_leaves_is_cleaned(tmp_path: Path) -> None:
+    """`delete_if` on a disk renames the object aside, then unlinks it; killed between the
+    two, the renamed lease or marker stayed for good. In a records directory it counted
+    as records: an entry with nothing else was "a writer started" (INCOMPLETE, refusing
+    every fresh writer), a plain object beside it an entry a writer left, which a clean
+    then removed whole, and an entry starting over kept it as a lease. Now it is a temp
+    file only: status and scan pass over it, a clean removes it (and nothing COMPLETE),
+    and so does an entry starting over."""
+    import durable
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import scan, survey
+    from durable.adapters import resolve
+
+    root = str(tmp_path / "root")
+    done = durable.Entry(f"{root}/done")  # COMPLETE, its lease's release killed
+    with durable.Lease(done.url, heartbeat=0.2, stale_after=1) as lease, \
+            done.writing(lease=lease) as w:
+        w.write_bytes("a", b"1")
+    Path(done.layout.lease).write_text("{}")
+    leftovers = [_killed_in_delete_if(done.layout.lease)]
+    with durable.atomic_write(f"{root}/obj") as f:  # its marker's withdrawal killed
+        f.write(b"plain data now")
+    leftovers.append(_killed_in_delete_if(durable.Entry(f"{root}/obj").layout.marker))
+    gone = durable.Entry(f"{root}/gone")  # an expired lease's removal killed
+    os.makedirs(gone.layout.records)
+    Path(gone.layout.lease).write_text("{}")
+    leftovers.append(_killed_in_delete_if(gone.layout.lease))
+
+    assert gone.state() is durable.State.ABSENT
+    with gone.writing() as w:  # a fresh writer goes on
+        w.write_bytes("b", b"2")
+    again = durable.Entry(f"{root}/again")  # INCOMPLETE, started over
+    os.makedirs(again.path)
+    Path(again.path, "x").write_bytes(b"killed writer's")
+    os.makedirs(again.layout.records)
+    Path(again.layout.lease).write_text("{}")
+    aside = _killed_in_delete_if(again.layout.lease)
+    with again.writing(overwrite=True) as w:
+        w.write_bytes("x", b"new")
+    assert not os.path.exists(aside)
+
+    rows = {r.url: r.state for r in scan(root)}
+    assert rows == {done.url: "COMPLETE", gone.url: "COMPLETE", again.url: "COMPLETE",
+                    durable.Entry(f"{root}/obj").url: "INCOMPLETE"}
+    time.sleep(0.05)
+    sv = survey(*resolve(root, None))
+    report = apply_clean(sv, plan_clean(sv, older_than=0, lease_wait=0))
+    removed = sorted(i.url for i in report.items if i.status == "removed")
+    assert removed == sorted(f"file://{p}" for p in leftovers)
+    assert all("conditional delete killed part-way" in i.reason for i in report.items)
+    assert not any(os.path.exists(p) for p in leftovers)
+    assert Path(root, "obj").read_bytes() == b"plain data now"
+    for e in (done, gone, again):
+        assert e.state() is durable.State.COMPLETE and e.verify(deep=True).ok

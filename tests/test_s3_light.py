@@ -220,3 +220,50 @@ def test_a_records_listing_obstore_would_change_is_asked_of_s3fs(
     assert store is not None
     assert light.list_below(store, adapter, s3_bucket.name, ".durable/e/") is None
     assert adapter.list(records) == _through_s3fs(adapter, records, monkeypatch)
+
+
+@pytest.mark.parametrize(("status", "code", "message", "builtin"), [
+    (403, "AccessDenied", "Access Denied", PermissionError),
+    (404, "NoSuchBucket", "The specified bucket does not exist", FileNotFoundError),
+    (400, "InvalidArgument", "Bad Request", OSError),
+    (500, "InternalError", "We encountered an internal error.", OSError),  # after retries
+])
+def test_a_refusal_is_short_and_clear(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]], status: int, code: str,
+        message: str, builtin: type[OSError]) -> None:
+    """The object, the status, the store's code and message, as s3fs's path says them:
+    obstore's message went on with its whole request and a 40-line debug dump of its Rust
+    error (and a 404 was a bare OSError, no FileNotFoundError)."""
+    proxy, options = proxied
+    proxy.add(faults.error(status, code, message, method=["PUT", "GET"],
+                           path=re.compile(r"/refused$")))
+    adapter = _adapter(options)
+    url = f"s3://{s3_bucket.name}/refused"
+    for request, call in (("PutObject", lambda: adapter.put(f"{s3_bucket.name}/refused", b"x")),
+                          ("GET", lambda: adapter.read_small(f"{s3_bucket.name}/refused", 9))):
+        if request == "GET" and status == 404:
+            assert call() is None  # no object: nothing to read
+            continue
+        with pytest.raises(builtin) as info:
+            call()
+        assert type(info.value) is builtin
+        assert str(info.value) == f"{url}: {request} answered HTTP {status} {code}: {message}"
+
+
+def test_a_put_answered_200_with_an_error_document_is_no_write(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """A gateway answering a PutObject with its error document as a 200 (the PUT never
+    reached the store): obstore reads no body of a PUT's answer, and the put counted as
+    written (a marker that never landed, a commit). Its ETag is not the MD5 of the bytes
+    sent: one HEAD finds the object is not there, and the put fails naming it."""
+    proxy, options = proxied
+    proxy.add(faults.error_body_with_200(method="PUT", path=re.compile(r"/small$")))
+    adapter = _adapter(options)
+    with pytest.raises(OSError, match=rf"s3://{s3_bucket.name}/small: PutObject answered "
+                                      r"200 with ETag .*not the store's answer"):
+        adapter.put(f"{s3_bucket.name}/small", b"x")
+    assert not s3_bucket.filesystem().exists(f"{s3_bucket.name}/small")
+    proxy.clear()
+    proxy.clear_requests()
+    adapter.put(f"{s3_bucket.name}/small", b"x")  # a store's own answer: one request
+    assert [r.method for r in proxy.requests] == ["PUT"]

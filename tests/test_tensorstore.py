@@ -20,6 +20,7 @@ import re
 import stat
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -1569,3 +1570,29 @@ def test_a_huge_marker_on_s3_is_refused_without_downloading_it(
     gets = [r.response_bytes for r in proxy.requests
             if r.method == "GET" and r.path.endswith("/arr/commit.json")]
     assert gets and sum(gets) < size // 4, gets  # what the sockets' buffers took, at most
+
+
+def test_a_huge_marker_on_gcs_is_refused_without_downloading_it(
+        gcs_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on S3: a commit.json of 48 MiB on GCS is refused before its body is taken in
+    (the open read it through tensorstore's gcs driver, which downloads it whole and only
+    then checked the 4 MiB limit)."""
+    from urllib.parse import unquote
+
+    with FaultProxy(gcs_bucket.server.url) as proxy:
+        monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.url)
+        via = {**gcs_bucket.storage_options, "endpoint_url": proxy.url}
+        url = gcs_bucket.path("arr")
+        dts.write(url, np.arange(16, dtype="i4").reshape(4, 4), storage_options=via)
+        size = 48 * 1024 * 1024
+        with warnings.catch_warnings():  # aiohttp on gcsfs's one-request upload of it
+            warnings.simplefilter("ignore", ResourceWarning)
+            gcs_bucket.filesystem().pipe_file(f"{gcs_bucket.name}/.durable/arr/commit.json",
+                                              b"{" + b" " * (size - 2) + b"}")
+        proxy.clear_requests()
+        with pytest.raises(MarkerError, match=rf"arr/commit\.json is {size} bytes, over "
+                                              "the limit of"):
+            dts.open(url, storage_options=via)
+        taken = [r.response_bytes for r in proxy.requests
+                 if unquote(r.path).endswith("/arr/commit.json")]
+        assert taken and sum(taken) < size // 4, taken

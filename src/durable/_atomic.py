@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any
 
+from durable._entry import refuse_inside_committed
 from durable._errors import EntryExistsError, IntegrityError, MarkerError
 from durable._protocol import (
     MAX_MARKER_BYTES,
@@ -62,6 +63,10 @@ def atomic_write(
     ``"none"``. The default is the adapter's. On S3 a single PutObject answered with the
     CRC32C it was sent meets ``"size"`` and ``"probe"`` with no request (the store checked
     that CRC over exactly the bytes it took); see docs/guarantees.md.
+
+    Inside a committed entry (a directory or prefix whose marker is in an ancestor's
+    ``.durable/``): EntryExistsError naming both, before anything is written (one marker
+    read per folder above; on an object store all at once, one round trip).
     """
     if mode not in ("wb", "w", "xb", "x", "wt", "xt"):
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")
@@ -79,6 +84,11 @@ def atomic_write(
             layout = Layout(path)  # only to remove an old record: see `publish`
         except ValueError:
             layout = None  # no parent to hold records: none to remove either
+    # Inside a committed entry (a marker of kind "prefix" above it), the object would
+    # change data that marker still vouches for: COMPLETE over other bytes, or beside an
+    # object its manifest never listed. Refused before anything is written (a marker read
+    # per level above; on a store across a network, all at once: one round trip).
+    refuse_inside_committed(adapter, path, "writing")
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
     buffered = (io.BufferedWriter if "b" in mode else GrowingBuffer)(raw, buffer_size=_BUFFER)
@@ -122,7 +132,8 @@ def publish(adapter: Adapter, raw: AtomicFile, path: str, layout: Layout | None,
         marker = own = None
         if record:
             marker = Marker.new("object", new_attempt_id(), Manifest(
-                {"": ObjectRecord(raw.checksum.size, raw.checksum.crc)}))
+                {"": ObjectRecord.of(raw.checksum.size, raw.checksum.crc,
+                                     raw.checksum.ending)}))
             if raw.carries_record:
                 # Data and record in one request: no marker to remove first, since an
                 # object carrying its own record is never judged by a marker beside it.

@@ -23,6 +23,7 @@ caller that wants the store quiet).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -48,6 +49,7 @@ def later(work: Callable[[], None], what: str, *, now: bool = False) -> None:
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(1, thread_name_prefix="durable-housekeeping")
+            _drain_before_executors_close()
         future = _pool.submit(_run, work, what)
         _pending.add(future)
     future.add_done_callback(_done)
@@ -60,6 +62,26 @@ def wait(timeout: float | None = None) -> None:
         futures = list(_pending)
     for future in futures:
         future.result(timeout)
+
+
+def _drain_before_executors_close() -> None:
+    """At interpreter exit, wait for the work handed over before `concurrent.futures`
+    stops taking new work anywhere. Its own exit hook joins this thread only after it has
+    closed every executor, asyncio's default one included, where a new connection's DNS
+    lookup goes (aiohttp): a removal still to connect then failed ("cannot schedule new
+    futures after interpreter shutdown", on Azure, whose SDK opens a client per blob),
+    logged a warning and left the record for `durable clean`. Hooks registered here run
+    in reverse order, so this one, registered after that module's, runs first."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return  # another Python: the join at exit still runs the work, as before
+    with contextlib.suppress(RuntimeError):  # already shutting down: nothing to hook
+        register(_wait_quietly)
+
+
+def _wait_quietly() -> None:
+    with contextlib.suppress(Exception):
+        wait()
 
 
 def _run(work: Callable[[], None], what: str) -> None:

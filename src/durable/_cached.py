@@ -483,14 +483,9 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
                             "sha256": hashlib.sha256(data).hexdigest()}}
     generic = _numpy_type("generic")
     if generic is not None and isinstance(value, generic):
-        item = value.item()
-        if isinstance(value, _numpy_type("timedelta64")) or (
-                isinstance(value, _numpy_type("datetime64"))
-                and (item is None or isinstance(item, int))):
-            # .item() of a datetime64 in ns (or NaT) is an int (None), the key of another
-            # argument; of a timedelta64 an int or a timedelta, which no key takes.
-            return {type(value).__name__: str(value)}
-        return _canonical(item, where, depth + 1)
+        if isinstance(value, _numpy_type("timedelta64") | _numpy_type("datetime64")):
+            return _numpy_time_key(value, where, depth)
+        return _canonical(value.item(), where, depth + 1)
     raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
                     "cannot be made into a cache key; pass key= to cached (a function of "
                     "the same arguments returning what identifies the result)")
@@ -529,6 +524,29 @@ def _time_key(value: _dt.date | _dt.time | _dt.timedelta) -> dict[str, str]:
     if isinstance(value, _dt.date):
         return {"date": _dt.date.isoformat(value)}
     return {"time": _dt.time.isoformat(value)}
+
+
+def _numpy_time_key(value: Any, where: str, depth: int) -> Any:
+    """A NumPy datetime64 or timedelta64: as the Python value it holds (a `date` in days,
+    a `datetime` in minutes to microseconds), else tagged with NumPy's spelling, exact to
+    its unit. So one instant in units that hold different values keys apart (a miss,
+    never another value's result)."""
+    numpy = sys.modules["numpy"]
+    unit, steps = numpy.datetime_data(value.dtype)
+    count = int(value.astype(numpy.int64))
+    tag = type(value).__name__
+    if not numpy.isnat(value) and abs(count * steps * (7 if unit == "W" else 1)) > 2**62:
+        # NumPy's own str() and .item() overflow past here (a count of weeks or of 10 days
+        # turned into days): 2**62 weeks printed as -2**62 days, and .item() of 2**63-1
+        # 10-day steps was date(1969, 12, 22), another instant's key. The count and its
+        # unit, in a spelling NumPy's never is.
+        return {tag: f"{count} * {steps}{unit}"}
+    item = value.item()
+    if tag == "timedelta64" or item is None or isinstance(item, int):
+        # .item() of a datetime64 in ns (or NaT) is an int (None), the key of another
+        # argument; of a timedelta64 an int or a timedelta, which no key takes.
+        return {tag: str(value)}
+    return _canonical(item, where, depth + 1)
 
 
 def _numpy_type(name: str) -> Any:

@@ -27,19 +27,24 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
 
 
 class Checksum:
-    """Running size and CRC32C of a stream."""
+    """Running size and CRC32C of a stream, and its last 4 bytes (``ending``): a chunk
+    ending in its own CRC32C has the residue as its CRC32C whatever it holds, and only
+    they tell two of one size apart (the record's tail, `ObjectRecord`)."""
 
-    __slots__ = ("crc", "size")
+    __slots__ = ("crc", "ending", "size")
 
     def __init__(self) -> None:
         self.size = 0
         self.crc = 0
+        self.ending = b""
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         n = len(data) if not isinstance(data, memoryview) else data.nbytes
         if n:
             self.crc = int(_crc32c.crc32c(data, self.crc))
             self.size += n
+            last = memoryview(data).cast("B")[-4:]
+            self.ending = (self.ending + last)[-4:] if len(last) < 4 else bytes(last)
 
 
 def crc_to_hex(value: int) -> str:

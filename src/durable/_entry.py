@@ -44,7 +44,8 @@ from durable._protocol import (
     new_attempt_id,
 )
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
-from durable.adapters.local import TMP_MARK
+from durable.adapters.base import Staged
+from durable.adapters.local import DEL_MARK, TMP_MARK
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OPENED_FIRST", "Entry", "EntryWriter", "Problem", "Status", "VerifyReport",
            "committed_above", "delete_tree", "levels", "nearest_marked",
-           "refuse_inside_committed"]
+           "refuse_inside_committed", "refuse_leased", "remove_records"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
@@ -79,8 +80,9 @@ class Status:
 
 
 class _LinkedRecords(MarkerError):
-    """Records behind a symlink: not cleared by ``overwrite=True`` as an unreadable marker
-    is (the removal would reach through the link)."""
+    """Records behind a symlink, or an entry that is one: not cleared by
+    ``overwrite=True`` as an unreadable marker is (the removal would reach through the
+    link)."""
 
 
 class _RacedStart(IncompleteExistsError):
@@ -124,15 +126,10 @@ def read_object_record(adapter: Adapter, path: str, info: ObjectInfo) -> ObjectR
     """Stream one object through CRC32C, pinned to the version ``info`` names: its record
     (with the tail, where its CRC32C is the residue)."""
     ck = Checksum()
-    ending = b""
     with adapter.open_read(path, info) as f:
-        while True:
-            block = f.read(_READ_BLOCK)
-            if not block:
-                break
+        while block := f.read(_READ_BLOCK):
             ck.update(block)
-            ending = (ending + block[-4:])[-4:]
-    return ObjectRecord.of(ck.size, ck.crc, ending)
+    return ObjectRecord.of(ck.size, ck.crc, ck.ending)
 
 
 def deep_problem(adapter: Adapter, key: str, info: ObjectInfo,
@@ -267,6 +264,18 @@ class Entry:
             f"{self.adapter.url(records_dir)} or below), which durable never follows (it "
             "could point anywhere); put the directory itself in its place", url=where)
 
+    def linked_entry(self) -> MarkerError | None:
+        """The error for an entry that is itself a symlink (on a local disk), if it is.
+        Never followed, by `status` as by `scan`, whose listing never follows one: status
+        judged the data behind the link (COMPLETE) where scan found the marker's objects
+        missing, and a writer wrote through it, wherever it points. None otherwise (no
+        request on stores that have no links)."""
+        if not self.adapter.through_link(self.path, ""):
+            return None
+        return _LinkedRecords(
+            f"{self.url} is a symlink, which durable never follows (it could point "
+            "anywhere); put the directory or file itself in its place", url=self.url)
+
     def _object_path(self, key: str, marker: Marker) -> str:
         return self.layout.object_path(key, marker.kind)
 
@@ -300,6 +309,9 @@ class Entry:
                 own_attempt: str | None = None) -> Status:
         """``own_attempt``: the attempt id of the writer asking, whose attempt record is already
         written (`writing`): that one record is no sign of another writer."""
+        linked = self.linked_entry()  # one lstat on a local disk
+        if linked is not None:
+            raise linked
         if expect_absent:
             # A writer about to start expects nothing here: one listing of the records
             # answers "no marker, no writer" (on S3, 1 LIST instead of a GET of the marker
@@ -390,7 +402,10 @@ class Entry:
                 if own_attempt is not None else None)
         # Exactly this writer's own record is ignored: any other (another writer's attempt
         # record, or the temp file of one being written) is a writer at work or a leftover.
-        others = [k for k in records if k != mine and not (leased and self._is_lease_key(k))]
+        # Not a lease or marker a killed conditional delete left renamed aside: nothing
+        # started (it made an entry with nothing else INCOMPLETE, refusing every writer).
+        others = [k for k in records if k != mine and DEL_MARK not in k
+                  and not (leased and self._is_lease_key(k))]
         if mine is not None and mine not in records:
             # Put before the look, and gone: something removing the records (a clean, a
             # delete, another writer's cleanup) took it. Going on unannounced would let a
@@ -457,6 +472,9 @@ class Entry:
         Raises IntegrityError listing every mismatch (object, expected, found) unless
         ``raise_errors=False``; IncompleteError if there is no marker at all.
         """
+        linked = self.linked_entry()  # its listing would follow the link: as `status`
+        if linked is not None:
+            raise linked
         marker, info, looked = self._read_record()
         if marker is None:
             st = self.status()
@@ -549,19 +567,15 @@ class Entry:
         before that remain, leaving the entry INCOMPLETE.
         """
         if not force:
-            from durable._lease import refuse_live_lease  # (_lease imports this module)
-
             # A writer that takes the lease after this look loses it below (its lease is
             # removed with the records) and never commits: the window is one look wide.
-            refuse_live_lease(self, "deleting", hint=(
-                "Wait for that writer to commit or for its lease to expire, or pass "
-                "force=True to remove it anyway (its writer then never commits)"))
+            refuse_leased(self, "deleting", "pass force=True")
         self.adapter.delete([self.layout.marker])
         if self.adapter.info(self.path) is not None:
             self.adapter.delete([self.path])
         else:
             delete_tree(self.adapter, self.path)
-        self.adapter.delete_prefix(self.layout.records)
+        remove_records(self.adapter, self.layout)
 
     # writing -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -802,9 +816,11 @@ class Entry:
         self._clear_records()
 
     def _is_lease_key(self, key: str) -> bool:
-        """The lease, or a temp file of a write of it (keys relative to the records)."""
+        """The lease, or a temp file of a write of it (keys relative to the records); not
+        one a killed conditional delete left renamed aside (kept, it stayed for good)."""
         name = self.layout.lease.rpartition("/")[2]
-        return key == name or (key.startswith(f".{name}") and TMP_MARK in key)
+        return key == name or (key.startswith(f".{name}") and TMP_MARK in key
+                               and DEL_MARK not in key)
 
     def _clear_records(self) -> None:
         # A lease stays, whoever holds it: the writer clearing holds it, or it was taken
@@ -854,19 +870,29 @@ class Entry:
         records_dirs = [self.layout.records.rpartition("/")[0], self.layout.records]
         with writer._lock:
             syncing = dict(writer._syncing)
+        marker = Marker.new("prefix", writer.attempt, Manifest(records))
+        # The marker's bytes are made durable (a local disk's fsync) beside the data's,
+        # not after them: what the marker waits for below is then only its publish.
+        staged = self._stage_marker(marker)
         try:
-            for started in syncing.values():
-                started.result()
+            # What is left and every directory go into the pool behind the early fsyncs
+            # still running, not after the last of them: the file system commits
+            # concurrent fsyncs together, and the marker waits for both either way.
             self.adapter.sync([i.path for k, i in listing.items() if k not in syncing],
                               _dirs_of(self, listing) + records_dirs)
+            for started in syncing.values():
+                started.result()
         except FileNotFoundError as exc:
             # Removed by another tool since it was written (a commit from the records lists
             # nothing that would have shown it): never a marker over it.
             gone = self.adapter.url(str(exc.filename)) if exc.filename else "an object"
+            staged.discard()
             raise IntegrityError(f"{self.url}: not committing: {gone}: written by this "
                                  "writer but gone at commit", url=self.url) from None
-        marker = self._write_marker(Marker.new("prefix", writer.attempt, Manifest(records)),
-                                    lease.fenced() if lease is not None else None)
+        except BaseException:
+            staged.discard()
+            raise
+        self._publish_marker(staged, lease.fenced() if lease is not None else None)
         # From here the attempt's records only say a writer was here: their removal is
         # housekeeping the caller does not wait for (a round trip on an object store). It
         # is handed over after the marker's PUT returned: a failing racer that finds no
@@ -876,7 +902,7 @@ class Entry:
         pruned = fragments_dir(self.layout.records, writer.attempt) if fragments else None
 
         def tidy() -> None:
-            self.adapter.delete(spent)
+            self.adapter.discard(spent)
             if pruned is not None:
                 self.adapter.prune(pruned)
 
@@ -969,20 +995,30 @@ class Entry:
 
     def _write_marker(self, marker: Marker,
                       fence: AbstractContextManager[object] | None = None) -> Marker:
+        self._publish_marker(self._stage_marker(marker), fence)
+        return marker
+
+    def _stage_marker(self, marker: Marker) -> Staged:
+        """The marker made ready to publish (its external manifest, if any, put now)."""
         data, external = marker.encode()
         if external is not None:
             self.adapter.put(self.layout.external_manifest(external[0]), external[1])
+        return self.adapter.stage(self.layout.marker, data, create_only=True)
+
+    def _publish_marker(self, staged: Staged,
+                        fence: AbstractContextManager[object] | None = None) -> None:
         try:
             # Create-only: of two writers finishing the same entry, exactly one commits.
             # The fence (a lease) covers this one write: a writer that lost its lease
             # raises LeaseLostError here, before the marker.
             with fence or contextlib.nullcontext():
-                self.adapter.put(self.layout.marker, data, create_only=True)
+                staged.publish()
         except FileExistsError:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url
             ) from None
-        return marker
+        finally:
+            staged.discard()  # a no-op once published; else no temp file left behind
 
 
 class EntryWriter:
@@ -1050,8 +1086,12 @@ class EntryWriter:
             self._syncing.pop(key, None)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
-        f.on_commit = lambda af: self.record(key, af.checksum.size, af.checksum.crc,
-                                             version=af.info.version if af.info else None)
+        # With its tail where it is a codeword chunk (its CRC32C the residue): without
+        # one, another attempt's chunk of its size passes every check of its record.
+        f.on_commit = lambda af: self.record(
+            key, af.checksum.size, af.checksum.crc,
+            version=af.info.version if af.info else None,
+            tail=ObjectRecord.of(af.checksum.size, af.checksum.crc, af.checksum.ending).tail)
         self._writing.add(f)
         return f
 
@@ -1269,6 +1309,32 @@ def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
         "marker still vouches for what it holds (it would stay COMPLETE over other data). "
         f"Change that entry with durable.Entry({holder.url!r}).writing(update=True), "
         "rewrite it with overwrite=True, or delete it first", url=url)
+
+
+def refuse_leased(entry: Entry, doing: str, force_with: str) -> None:
+    """IncompleteExistsError naming ``entry``, the holder of its lease and when it expires,
+    if another writer holds that lease live: ``doing`` (deleting, removing) would take the
+    lease from under it, and its writes under way would land in a removed entry, or in the
+    next writer's. ``force_with``: how the caller removes it anyway. An expired lease is
+    removed (`durable._lease.refuse_live_lease`)."""
+    from durable._lease import refuse_live_lease  # (_lease imports this module)
+
+    refuse_live_lease(entry, doing, hint=(
+        f"Wait for that writer to commit or for its lease to expire, or {force_with} to "
+        "remove it anyway (its writer then never commits)"))
+
+
+def remove_records(adapter: Adapter, layout: Layout) -> None:
+    """Remove an entry's records directory; where it holds a lease, under the lock every
+    renewal of that lease takes (`Adapter.exclusive`: on a local disk, for its version
+    check and its rename). Taken between the two, the removal was lost: the rename put the
+    lease back and its holder went on, held, into a removed entry (or the renewal failed
+    on its vanished temp file, an OSError, not "lease lost")."""
+    if adapter.info(layout.lease) is None:
+        adapter.delete_prefix(layout.records)  # no lease: no lock file made for nothing
+        return
+    with adapter.exclusive(layout.lease):
+        adapter.delete_prefix(layout.records)
 
 
 def levels(path: str) -> Iterator[tuple[str, str]]:

@@ -110,5 +110,5 @@ def decode_fragment(data: bytes, where: str, attempt: str) -> dict[str, ObjectRe
         if rec is None:
             out[key] = None
             continue
-        out[key] = ObjectRecord.from_json(rec, f"{where} [{key}]")
+        out[key] = ObjectRecord.from_json(rec, where, key)
     return out

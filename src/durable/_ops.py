@@ -18,6 +18,7 @@ must read data (a deep verify, an adoption).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -39,9 +40,15 @@ from durable._errors import (
     IncompleteError,
     IncompleteExistsError,
 )
-from durable._protocol import MARKER_NAME, RECORDS_DIR, Marker, ObjectRecord, carries_record
-from durable._scan import (
+from durable._protocol import (
     LEASE_NAME,
+    MARKER_NAME,
+    RECORDS_DIR,
+    Marker,
+    ObjectRecord,
+    carries_record,
+)
+from durable._scan import (
     AgeClock,
     EntryFound,
     LeaseSeen,
@@ -55,6 +62,7 @@ from durable._scan import (
 )
 from durable.adapters import ObjectInfo
 from durable.adapters.base import Upload
+from durable.adapters.local import DEL_MARK
 
 __all__ = ["TRUST", "AdoptReport", "Adoption", "CleanItem", "CleanReport", "RootVerifyReport",
            "Skipped", "Ticker", "apply_clean", "fmt_age", "mark_complete_root", "own_records",
@@ -661,9 +669,11 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             kept.append(Skipped(url, why))
             continue
         assert age is not None
-        items.append(CleanItem("temp", url, f"temp file of an atomic write never published, "
-                                            f"written {fmt_age(age)} ago", age, 1, info.size,
-                               key=tkey, expect={tkey: info.version}))
+        what = ("a lease or marker a conditional delete killed part-way left renamed aside"
+                if DEL_MARK in tkey.rpartition("/")[2]
+                else "temp file of an atomic write never published")
+        items.append(CleanItem("temp", url, f"{what}, written {fmt_age(age)} ago", age, 1,
+                               info.size, key=tkey, expect={tkey: info.version}))
 
     for up in sv.adapter.list_uploads(sv.path):
         rel = up.path[len(sv.path):].lstrip("/")
@@ -807,9 +817,13 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     # keeps its records. Removing its lease would leave it writing unaware, its writes
     # landing in whatever entry the next writer starts. (Checked by this listing, one
     # round trip before the delete, where the data's removal took many.)
-    listed = a.list(layout.records)
-    planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
-    a.delete([i.path for i in planned.values()])
+    # Under the lease's lock (`remove_records`'s reason): a renewal of a lease judged
+    # stale, between its check and its rename, would put it back after the delete.
+    locked = a.exclusive(layout.lease) if LEASE_NAME in item.expect else None
+    with locked or contextlib.nullcontext():
+        listed = a.list(layout.records)
+        planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
+        a.delete([i.path for i in planned.values()])
     kept = sorted(set(listed) - set(planned))
     a.prune(layout.records)
     if kept:

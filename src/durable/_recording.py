@@ -162,12 +162,14 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
         # Read against the source's record where it has one (as durable::'s cp_file):
         # a copy of damaged bytes would be recorded with their own CRC32C, and from then
         # on read back as good. An unrecorded source is checked for its length only.
+        # The tail too: a codeword chunk (zarr's crc32c codec) of another attempt, of the
+        # same size, has the record's size and CRC32C (the residue) and was copied.
         from durable._verified import expected_of, open_verified_path
 
         adapter = self.writer.entry.adapter
         source = self._strip_protocol(path1)
-        size, crc = expected_of(adapter, source)
-        with open_verified_path(adapter, source, size, crc) as src, self.open(
+        size, crc, tail = expected_of(adapter, source)
+        with open_verified_path(adapter, source, size, crc, tail=tail) as src, self.open(
                 path2, "wb") as dst:
             while block := src.read(_COPY_BLOCK):
                 dst.write(block)

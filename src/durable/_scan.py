@@ -29,6 +29,9 @@ How entries are found in the listing (keys relative to the root):
 - ``D/.durable/NAME/attempts/<id>.json`` a writer started on ``D/NAME``
 - ``D/.durable/NAME/lease.json``         a writer's lease on ``D/NAME``
 - any other key in ``D/.durable/NAME/``  records of ``D/NAME`` (an external manifest)
+- ``D/NAME``, a symlink with records     an entry that is a link, never followed: an
+  (local disk)                           ERROR row naming it, as `Entry.status` raises;
+                                         a symlink without records is passed over
 - unmarked data: each child of the root, and of any directory that holds a ``.durable``
   records directory, that has no records, contains no entry and is not inside one. It was
   written without `durable` (or by a writer that never started its records): INCOMPLETE,
@@ -71,9 +74,16 @@ from typing import Any, Literal
 from durable._entry import Entry
 from durable._errors import DurableError, MarkerError
 from durable._lease import stated_stale_after
-from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker, carries_record
+from durable._protocol import (
+    LEASE_NAME,
+    MARKER_NAME,
+    RECORDS_DIR,
+    Layout,
+    Marker,
+    carries_record,
+)
 from durable.adapters import Adapter, ObjectInfo, resolve
-from durable.adapters.local import LOCK_SUFFIX, TMP_MARK
+from durable.adapters.local import DEL_MARK, LOCK_SUFFIX, TMP_MARK
 
 __all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Stat", "Survey",
            "entry_age", "mismatch_reason", "read_records", "scan", "scan_survey",
@@ -109,7 +119,6 @@ def mismatch_reason(bad: list[str], total: int) -> str:
     more = f"; and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
     return (f"marker present but data gone or changed: {len(bad)} of {total} objects: "
             + "; ".join(bad[:_SHOWN]) + more)
-LEASE_NAME = "lease.json"
 # Attempt records and leases are a few hundred bytes; anything far larger is not one and
 # is not read into memory.
 _MAX_RECORD_BYTES = 64 * 1024
@@ -164,6 +173,8 @@ class EntryFound:
     could not be stat-ed): entries of their own, not counted in ``objects`` (`split_recorded`)."""
     unchecked: bool = False
     """Too many objects for `split_recorded` to stat (``SPLIT_LIMIT``): not looked at."""
+    linked: bool = False
+    """The entry is itself a symlink (on a local disk): never followed, an ERROR row."""
 
     @property
     def records_newest(self) -> float | None:
@@ -366,7 +377,10 @@ def survey(adapter: Adapter, path: str, *,
         parts = key.split("/")
         if TMP_MARK in parts[-1]:
             temps[key] = info
-        if RECORDS_DIR in parts[:-1]:
+        if RECORDS_DIR in parts[:-1] and DEL_MARK not in parts[-1]:
+            # (A lease or marker a killed conditional delete left renamed aside is a temp
+            # file only: counted as records, it made a plain object, or nothing, an entry
+            # a writer started, which a clean then removed whole.)
             i = parts.index(RECORDS_DIR)
             # Records of an entry named like a records dir belong to no entry durable
             # makes (Layout and writing() refuse it): left alone, never an entry that
@@ -375,6 +389,18 @@ def survey(adapter: Adapter, path: str, *,
                 found = entries.setdefault(k := "/".join([*parts[:i], parts[i + 1]]),
                                            EntryFound(k))
                 _add_record(found, parts[i + 2:], info)
+    # Symlinks where entries are taken from (the root, directories holding records): the
+    # listing never follows one, so the scan saw no data where `Entry.status` judged what
+    # lies behind it. One with records is an entry that is a link: an ERROR row
+    # (`read_records`), as status raises for it. One without (a `latest -> ckpt-5`
+    # pointer) is no entry and no data: passed over, as before, not an error in every
+    # scan of a checkpoint folder. One scandir per such directory on a local disk; no
+    # request elsewhere.
+    for parent in _entry_dirs(set(entries)):
+        for name in adapter.links_in(_join(path, parent)):
+            key = f"{parent}/{name}" if parent else name
+            if key in entries:
+                entries[key].linked = True
     _count_data(listing, entries)
     return Survey(adapter, path, listing, entries, temps)
 
@@ -416,6 +442,12 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
             jobs.append((key, "lease", layout.lease))
     out = {key: Records() for key in keys}
     for key in keys:
+        if sv.entries[key].linked:
+            linked = Entry(sv.entry_path(key), adapter=sv.adapter).linked_entry()
+            if linked is not None:  # (else replaced by a directory since the survey)
+                out[key].marker = f"{MarkerError.__name__}: {linked}"
+                jobs = [j for j in jobs if j[0] != key or j[1] == "lease"]
+                continue
         if sv.entries[key].marker is None:
             # A marker the listing did not show may be behind a symlinked records dir,
             # which listings never follow: `status` calls that an error, and so does the
@@ -513,13 +545,7 @@ def _root_records(adapter: Adapter, path: str) -> dict[str, ObjectInfo]:
 def _count_data(listing: dict[str, ObjectInfo], found: dict[str, EntryFound]) -> None:
     """Add unmarked children to ``found`` and count every entry's data objects."""
     entries = set(found)
-    # Directories whose children are taken for entries: the root, and any directory that
-    # holds records, unless it lies in an entry (an entry's subdirectories are its data).
-    def in_entry(key: str) -> bool:
-        return any(a in entries for a in _ancestors(key))
-
-    parents = {""} | {k.rpartition("/")[0] for k in entries if k}
-    parents = {p for p in parents if not in_entry(p)}
+    parents = _entry_dirs(entries)
     holds_entry = {a for k in entries for a in _ancestors(k)[:-1]}
     for key, info in listing.items():
         if TMP_MARK in key.rpartition("/")[2]:
@@ -541,6 +567,13 @@ def _count_data(listing: dict[str, ObjectInfo], found: dict[str, EntryFound]) ->
                 if info.modified is not None and (f.newest is None
                                                   or info.modified > f.newest):
                     f.newest = info.modified
+
+
+def _entry_dirs(entries: set[str]) -> set[str]:
+    """Directories whose children are taken for entries: the root, and any directory that
+    holds records, unless it lies in an entry (an entry's subdirectories are its data)."""
+    parents = {""} | {k.rpartition("/")[0] for k in entries if k}
+    return {p for p in parents if not any(a in entries for a in _ancestors(p))}
 
 
 def _ancestors(key: str) -> list[str]:

@@ -341,27 +341,21 @@ class Place:
             return ts.KvStore.open(spec, context=_MEMORY).result()
         return spec
 
-    def read(self, path: str, context: ts.Context, limit: int) -> bytes | None:
+    def read(self, path: str, limit: int) -> bytes | None:
         """A small object of the entry (its marker, a zarr.json), whole; None if absent.
         ValueError if over ``limit`` bytes.
 
         A local one through the adapter: 9 us, where opening a tensorstore kvstore to read
-        it took 120 us (an open reads two: a quarter of a W1 open on file). An S3 one
-        through the adapter's `read_small` (obstore where it maps: the CPU of tensorstore's
-        request, a tenth of s3fs's), bounded before the body is read. A GCS one through
-        tensorstore's client, which reads it whole before the size is known."""
-        driver = self.spec["driver"]
-        if driver in ("file", "s3"):
-            # S3: bounded by the GET's headers before its body is read (tensorstore's own
-            # read downloads the object whole: a marker of gigabytes before the size check),
-            # through obstore where it maps, whose request costs what tensorstore's does.
+        it took 120 us (an open reads two: a quarter of a W1 open on file). An S3 or GCS
+        one through the adapter's `read_small` (on S3 obstore where it maps: the CPU of
+        tensorstore's request, a tenth of s3fs's), bounded before the body is read:
+        tensorstore's own read downloads the object whole before its size is known (a
+        marker of gigabytes, then the check). A memory one through tensorstore, whose
+        kvstore is this process's memory: nothing to download."""
+        if self.spec["driver"] != "memory":
             return self.entry.adapter.read_small(path, limit)
-        if driver == "memory":
-            spec: dict[str, Any] = {"driver": "memory", "path": path.strip("/")}
-            context = _MEMORY
-        else:
-            spec = {**self.spec, "path": self.bucket_key(path)}
-        got = ts.KvStore.open(spec, context=context).result().read("").result()
+        got = ts.KvStore.open({"driver": "memory", "path": path.strip("/")},
+                              context=_MEMORY).result().read("").result()
         if got.state != "value":
             return None
         if len(got.value) > limit:

@@ -130,10 +130,11 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
     return rec.size, rec.crc32c, "record", rec.tail
 
 
-def expected_of(adapter: Adapter, path: str) -> tuple[int | None, int | None]:
-    """(size, CRC32C) the object's record gives, (None, None) where it has none."""
-    size, crc, _, _ = _expected(adapter, path, None, None, False)
-    return size, crc
+def expected_of(adapter: Adapter, path: str) -> tuple[int | None, int | None, int | None]:
+    """(size, CRC32C, tail) the object's record gives (`ObjectRecord`; the tail where it
+    keeps one), (None, None, None) where it has none."""
+    size, crc, _, tail = _expected(adapter, path, None, None, False)
+    return size, crc, tail
 
 
 def _check_tail(url: str, tail: int | None, ending: bytes | bytearray) -> None:

@@ -45,7 +45,10 @@ What it guarantees, per object:
   passed: a refused body leaves no local file.
 - **Out of sight, out of the way.** Listings (``ls``, ``find``, ``glob``, ``walk``) hide
   the ``.durable`` record directories and local temp files; ``rm`` removes an object's
-  record with it (the marker first).
+  record with it (the marker first). It never takes a lease another writer holds live
+  (removing an entry, its records, or a folder holding them): IncompleteExistsError
+  naming the entry and the holder, as `Entry.delete` refuses (whose ``force=True`` is
+  the way to remove it anyway).
 - **Committed entries are read-only.** Writing, touching, removing or moving anything inside
   a committed entry (a directory or prefix with a commit marker) is an EntryExistsError
   naming both: its marker would vouch for data it no longer describes. ``cp``/``mv`` with
@@ -74,9 +77,9 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import isfilelike, stringify_path
 
 from durable._atomic import publish
-from durable._entry import Entry, refuse_inside_committed
+from durable._entry import Entry, refuse_inside_committed, refuse_leased, remove_records
 from durable._errors import IntegrityError, UnsupportedError
-from durable._protocol import RECORDS_DIR, Layout, Marker
+from durable._protocol import LEASE_NAME, RECORDS_DIR, Layout, Marker
 from durable._record_cache import RecordCache
 from durable._recording import TextAtomicWriter, stay_put
 from durable._verified import VerifiedReader, missing_error, open_verified_path
@@ -130,7 +133,7 @@ class DurableWriteFile(io.BufferedIOBase):
         self._exc_at_open = sys.exc_info()[1]
         self._failed = False
         self._buf = bytearray()
-        # Under a text wrapper: seekable, in place only (`GrowingBuffer`'s reason).
+        # Under durable's own text wrapper: seeks in place allowed (`GrowingBuffer`'s reason).
         self.under_text = False
         self._raw: AtomicFile = fs.adapter.open_atomic(path, create_only=create_only)
 
@@ -145,10 +148,16 @@ class DurableWriteFile(io.BufferedIOBase):
         return self._raw.tell() + len(self._buf)
 
     def seekable(self) -> bool:
-        return self.under_text
+        # True for the text wrapper fsspec.open(..., "w") puts over this binary file (it
+        # asks once, at its start): over one that said False its tell() raised "underlying
+        # stream is not seekable" and utf-16/utf-32 went out with no BOM, unlike a plain
+        # file. A seek still never moves (below).
+        return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if not self.under_text:
+            # Not even in place: zipfile (np.savez, openpyxl) asks seek(tell()) to learn
+            # whether it may rewrite its headers later; refused, it streams instead.
             return super().seek(offset, whence)
         return stay_put(self.tell(), offset, whence, self.fs.unstrip_protocol(self.path))
 
@@ -431,8 +440,11 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         assert marker.manifest is not None
         with Entry(dst, adapter=self.adapter).writing(unrecorded="error") as w:
             for key, rec in sorted(marker.manifest.objects.items()):
+                # With its tail: a codeword chunk of another attempt put over one of the
+                # same size has its size and CRC32C (the residue), and was copied as good.
                 with open_verified_path(self.adapter, source.layout.object_path(
-                        key, "prefix"), rec.size, rec.crc32c) as src, w.open(key) as out:
+                        key, "prefix"), rec.size, rec.crc32c, tail=rec.tail) as src, \
+                        w.open(key) as out:
                     while block := src.read(_COPY_BLOCK):
                         out.write(block)
 
@@ -440,8 +452,9 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
            maxdepth: int | None = None, **kwargs: Any) -> None:
         if path1 != path2:
             # Refused before the copy: refused after it, the move left two copies.
-            self._refuse_removing(self.expand_path(path1, recursive=recursive,
-                                                   maxdepth=maxdepth))
+            moved = self.expand_path(path1, recursive=recursive, maxdepth=maxdepth)
+            self._refuse_removing(moved)
+            self._refuse_leased(moved, recursive)
         super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
@@ -576,7 +589,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
     def _drop_records(self, layouts: list[Layout]) -> None:
         for layout in layouts:
             if self.adapter.exists(layout.records):
-                self.adapter.delete_prefix(layout.records)
+                remove_records(self.adapter, layout)  # a lease: as a renewal's lock says
             # An empty records dir left on disk or in memory; object stores have none.
             with contextlib.suppress(OSError, NotImplementedError, ValueError):
                 self.fs.rmdir(layout.records.rpartition("/")[0])
@@ -598,6 +611,50 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             checked.add(parent)
             refuse_inside_committed(self.adapter, p, "removing")
 
+    def _refuse_leased(self, removed: list[str], recursive: bool) -> None:
+        """IncompleteExistsError, as `Entry.delete` refuses, naming the entry, the holder and
+        how to force, if removing ``removed`` (``recursive``: with everything below) takes
+        a lease another writer holds live: removed under it, the holder wrote on into an
+        entry removed (or the next writer's), and learnt only at its commit."""
+        for entry in self._leased({p.rstrip("/") for p in removed}, recursive):
+            refuse_leased(entry, "removing it", "delete the entry with durable.Entry("
+                          f"{entry.url!r}).delete(force=True)")
+
+    def _leased(self, chosen: set[str], recursive: bool) -> list[Entry]:
+        """The entries with a lease that removing ``chosen`` takes: each path's own (its
+        records go with it), those a path inside a records directory names (or all of
+        that directory's), and with ``recursive`` every entry below a path (their records
+        are inside it, hidden from the listing that expanded the paths). One listing per
+        records directory, and per top path removed recursively."""
+        names: dict[str, set[str]] = {}  # records dir's parent -> entry names removed
+        whole: set[str] = set()  # records dirs' parents whose records dir is removed
+        found: set[str] = set()
+        for p in sorted(chosen):
+            parts = p.split("/")
+            if RECORDS_DIR in parts:
+                at = len(parts) - 1 - parts[::-1].index(RECORDS_DIR)
+                parent = "/".join(parts[:at])
+                if at + 1 < len(parts):
+                    names.setdefault(parent, set()).add(parts[at + 1])
+                else:
+                    whole.add(parent)
+                continue
+            parent, _, name = p.rpartition("/")
+            if parent:
+                names.setdefault(parent, set()).add(name)
+            if recursive and parent not in chosen:
+                for key in self.adapter.list(p):
+                    below = key.split("/")
+                    # PATH/[DIR/...].durable/NAME/lease.json: the entry PATH/[DIR/...]NAME
+                    if len(below) >= 3 and below[-3] == RECORDS_DIR and below[-1] == LEASE_NAME:
+                        found.add("/".join([p, *below[:-3], below[-2]]))
+        for parent in names.keys() | whole:
+            for key in self.adapter.list(f"{parent}/{RECORDS_DIR}"):
+                entry, _, last = key.partition("/")
+                if last == LEASE_NAME and (parent in whole or entry in names[parent]):
+                    found.add(f"{parent}/{entry}")
+        return [Entry(e, adapter=self.adapter) for e in sorted(found)]
+
     def rm_file(self, path: str) -> None:
         path = self._strip_protocol(path)
         self._refuse_removing([path])
@@ -607,6 +664,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
             # local disk, nothing on an object store), so its commit stays with it.
             layout = None
         if layout is not None:
+            self._refuse_leased([path], recursive=False)
             # Marker first: from here on the object is never taken for a recorded one.
             self.adapter.delete([layout.marker])
         self.fs.rm_file(path)
@@ -614,11 +672,12 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
-        self._refuse_removing(paths)
         # Not recursive: a directory (a prefix entry) is not removed (an error on a local
         # disk, nothing on an object store), so its marker and records stay; only objects
         # lose theirs. A refused rm took a COMPLETE entry's marker and left its data.
         removed = paths if recursive else [p for p in paths if not self._a_directory(p)]
+        self._refuse_removing(paths)
+        self._refuse_leased(removed, recursive)
         layouts = [lo for lo in map(self._layout, removed) if lo is not None]
         self.adapter.delete([lo.marker for lo in layouts])
         # The expanded list, children first: the inner filesystem never sees a pattern that

@@ -453,7 +453,7 @@ class TensorStoreWriter:
                 # Not written here, or rewritten since (a resize keeps its size): read
                 # through tensorstore's client (cheap); if it changed since the listing,
                 # the commit sees another version there and checks the record against it.
-                data = self._place.read(info.path, self.context, _MAX_METADATA)
+                data = self._place.read(info.path, _MAX_METADATA)
             if data is None or len(data) != info.size:
                 raise IntegrityError(
                     f"{adapter.url(info.path)}: listed with {info.size} bytes, read "
@@ -654,10 +654,9 @@ def _last_seen(where: str) -> _Seen | None:
         return _DECODED.get(where)
 
 
-def _read_marker(place: Place, context: ts.Context) -> tuple[Marker | None, _Seen | None]:
-    """The entry's marker (a remote one through tensorstore's client: a request through
-    tensorstore costs a tenth of the CPU of one through s3fs), and what this process
-    knows of those very bytes (None for an external manifest, which is not kept).
+def _read_marker(place: Place) -> tuple[Marker | None, _Seen | None]:
+    """The entry's marker (read bounded, `Place.read`), and what this process knows of
+    those very bytes (None for an external manifest, which is not kept).
 
     Read at every open; decoded again only when its bytes differ from the last ones read
     there: decoding and checking the manifest costs more than reading it (2 ms for 1,024
@@ -666,7 +665,7 @@ def _read_marker(place: Place, context: ts.Context) -> tuple[Marker | None, _See
     """
     where = place.marker_url
     try:
-        data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
+        data = place.read(place.entry.layout.marker, MAX_MARKER_BYTES)
     except ValueError as exc:
         # The adapter's message names the marker already ("... is a symlink"): once.
         raise MarkerError(str(exc) if where in str(exc) else f"{where}: {exc}",
@@ -692,17 +691,17 @@ def _read_marker(place: Place, context: ts.Context) -> tuple[Marker | None, _See
     return marker, seen
 
 
-def _attempt_now(place: Place, context: ts.Context) -> str | None:
+def _attempt_now(place: Place) -> str | None:
     """The attempt of the marker there now (None: none), without decoding its manifest."""
     try:
-        data = place.read(place.entry.layout.marker, context, MAX_MARKER_BYTES)
+        data = place.read(place.entry.layout.marker, MAX_MARKER_BYTES)
         attempt = None if data is None else json.loads(data)["attempt"]
     except (ValueError, KeyError, TypeError, RecursionError):  # (nested too deeply)
         return "(an unreadable marker)"
     return attempt if attempt is None or isinstance(attempt, str) else "(a bad marker)"
 
 
-def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
+def _metadata(place: Place, marker: Marker, key: str,
               wanted: Any, fetched: Future[bytes | None] | None = None) -> dict[str, Any]:
     """The array's metadata document ``key`` as commit ``marker`` recorded it.
 
@@ -721,16 +720,15 @@ def _metadata(place: Place, context: ts.Context, marker: Marker, key: str,
     if rec is None:
         raise ValueError(f"NOT_FOUND: {url}: commit {marker.attempt} of {entry.url} has no "
                          "array there")
-    data = fetched.result() if fetched is not None else place.read(where, context,
-                                                                    _MAX_METADATA)
+    data = fetched.result() if fetched is not None else place.read(where, _MAX_METADATA)
     found = None if data is None else (len(data), crc32c(data))
     if found != (rec.size, rec.crc32c) and fetched is not None:
         # Fetched beside the marker, so perhaps before it: a commit landing in between
         # makes it the previous commit's document, not a damaged one. Read it again.
-        data = place.read(where, context, _MAX_METADATA)
+        data = place.read(where, _MAX_METADATA)
         found = None if data is None else (len(data), crc32c(data))
     if found != (rec.size, rec.crc32c):
-        after = _attempt_now(place, context)
+        after = _attempt_now(place)
         if after != marker.attempt:  # a rewrite began after the marker was read
             raise _rewritten(entry, marker, after)
         raise IntegrityError(
@@ -891,9 +889,9 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
         listing = (pool.submit(entry.adapter.list, entry.path)
                    if remote and not deep and not (seen_before and seen_before.listed)
                    else None)
-        fetched = (pool.submit(place.read, f"{entry.path.rstrip('/')}/{key}", ctx,
+        fetched = (pool.submit(place.read, f"{entry.path.rstrip('/')}/{key}",
                                _MAX_METADATA) if remote and key is not None else None)
-        marker, seen = _read_marker(place, ctx)
+        marker, seen = _read_marker(place)
         if marker is None:
             st = entry.status()
             if st.state is State.COMPLETE:
@@ -925,7 +923,7 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
             # tensorstore reads no metadata: it is handed the document checked against
             # the manifest, so the handle is of this commit's metadata, whatever a rewrite
             # begun meanwhile has put there (no stale or foreign metadata, no extra GET).
-            meta = _metadata(place, ctx, marker, key, full.get("metadata"), fetched)
+            meta = _metadata(place, marker, key, full.get("metadata"), fetched)
             full["metadata"] = meta
             kwargs.pop("assume_cached_metadata", None)
             kwargs.update(open=True, assume_metadata=True)
@@ -972,7 +970,7 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
     # it changes anything, and a marker never comes back: the same commit's marker after
     # the open means no rewrite started before it, so that metadata is this commit's (the
     # listing, taken beside the first read, cannot say so: one GET more per such open).
-    after = _attempt_now(place, ctx)
+    after = _attempt_now(place)
     if after != marker.attempt:
         raise _rewritten(entry, marker, after)
     return store

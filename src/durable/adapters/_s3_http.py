@@ -19,7 +19,7 @@ from durable.adapters._ranged import BrokenBody
 from durable.adapters.base import ObjectInfo, caused_by, strong_etag
 
 __all__ = ["BODY_BROKEN", "MULTIPART_ETAG", "S3Body", "check_response", "error_fields", "etag",
-           "failure"]
+           "failure", "mark_200_errors"]
 
 # A body that stops mid-way surfaces as one of these, depending on where the socket died.
 BODY_BROKEN = (aiohttp.ClientError, IncompleteReadError, ResponseStreamingError,
@@ -34,15 +34,59 @@ def etag(raw: object, url: str) -> str:
     return strong_etag(raw, url)
 
 
-def error_fields(exc: BaseException) -> tuple[int | None, str, str]:
-    """(HTTP status, S3 error code, message) of a botocore error, as s3fs raised it."""
+def _error_response(exc: BaseException) -> dict[str, Any] | None:
+    """botocore's parsed error response of ``exc``, as s3fs raised it (its cause)."""
     for e in (exc, exc.__cause__):
         resp = getattr(e, "response", None)
         if isinstance(resp, dict) and isinstance(resp.get("Error"), dict):
-            status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            err = resp["Error"]
-            return status, str(err.get("Code", "")), str(err.get("Message", ""))
-    return None, "", ""
+            return resp
+    return None
+
+
+def error_fields(exc: BaseException) -> tuple[int | None, str, str]:
+    """(HTTP status, S3 error code, message) of a botocore error, as s3fs raised it."""
+    resp = _error_response(exc)
+    if resp is None:
+        return None, "", ""
+    status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    err = resp["Error"]
+    return status, str(err.get("Code", "")), str(err.get("Message", ""))
+
+
+def mark_200_errors(client: Any) -> None:
+    """Have ``client`` (s3fs's botocore client) mark the errors the store answered with
+    a 200: S3 answers some failures of CompleteMultipartUpload and CopyObject (and a
+    gateway any request) with a 200 whose body is an error document. botocore's own
+    handler turns its status into 500, to retry it, and leaves no trace of the 200: the
+    error said "HTTP 500", which the store never answered. Wrapped here, in its place.
+    Once per client; a botocore without that handler is left as it is."""
+    events = client.meta.events
+    if getattr(events, "_durable_marks_200", False):
+        return
+    events._durable_marks_200 = True
+    from botocore import handlers
+
+    original = getattr(handlers, "_handle_200_error", None)
+    if original is None:
+        return
+
+    def marked(response_dict: Any = None, customized_response_dict: Any = None,
+               **kwargs: Any) -> None:
+        was = response_dict.get("status_code") if response_dict else None
+        original(response_dict=response_dict,
+                 customized_response_dict=customized_response_dict, **kwargs)
+        if was == 200 and response_dict["status_code"] != 200 and \
+                customized_response_dict is not None:
+            customized_response_dict[_SERVED_200] = True  # kept in the parsed response
+
+    try:
+        events.unregister("before-parse.s3.*", original)
+    except ValueError:
+        return  # not registered on this client: nothing turns a 200 into a 500 here
+    events.register_first("before-parse.s3.*", marked)
+
+
+_SERVED_200 = "DurableServed200"
 
 
 def failure(exc: BaseException, url: str, what: str, *, pinned: str | None = None,
@@ -51,6 +95,10 @@ def failure(exc: BaseException, url: str, what: str, *, pinned: str | None = Non
     status, code, message = error_fields(exc)
     if status is None:
         return OSError(f"{url}: {what} failed: {type(exc).__name__}: {exc}")
+    if (_error_response(exc) or {}).get(_SERVED_200):
+        # Not a 500 (botocore's relabelling, `mark_200_errors`): what the store did.
+        return OSError(f"{url}: {what} answered HTTP 200 with an error document in its "
+                       f"body: {code}: {message} (the request failed; retried as a 500)")
     # A HEAD's error has no body: botocore then gives the status as the code ("403").
     label = f"HTTP {status} {code}" if code and code != str(status) else f"HTTP {status}"
     text = f"{url}: {what} answered {label}: {message}".rstrip(": ")

@@ -38,13 +38,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
+import re
 import threading
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from fsspec.asyn import sync
 
+from durable._error_document import error_document
 from durable._errors import IntegrityError
 from durable.adapters._s3_http import etag
 from durable.adapters.base import ObjectInfo
@@ -133,14 +136,7 @@ def put(store: Any, adapter: S3Adapter, bucket: str, key: str, data: bytes,
     (nothing was sent: use s3fs). Errors are those of s3fs's path: FileExistsError for a
     create-only PUT refused, PermissionError, FileNotFoundError, else OSError."""
     import obstore
-    from obstore.exceptions import (
-        AlreadyExistsError,
-        InvalidPathError,
-        NotFoundError,
-        PermissionDeniedError,
-        PreconditionError,
-        UnauthenticatedError,
-    )
+    from obstore.exceptions import AlreadyExistsError, InvalidPathError, PreconditionError
 
     url = adapter.url(f"{bucket}/{key}")
     try:
@@ -158,13 +154,34 @@ def put(store: Any, adapter: S3Adapter, bucket: str, key: str, data: bytes,
                 return etag(got.meta["e_tag"], url)
         raise FileExistsError(f"{url} already exists (create-only PutObject: HTTP 412)"
                               ) from exc
-    except (PermissionDeniedError, UnauthenticatedError) as exc:
-        raise PermissionError(f"{url}: PutObject answered HTTP 403: {exc}") from exc
-    except NotFoundError as exc:
-        raise FileNotFoundError(f"{url}: PutObject answered HTTP 404: {exc}") from exc
     except Exception as exc:
-        raise OSError(f"{url}: PutObject failed: {type(exc).__name__}: {exc}") from exc
-    return etag(result["e_tag"], url)
+        raise _failure(exc, url, "PutObject") from exc
+    version = etag(result["e_tag"], url)
+    if version != f'"{hashlib.md5(data).hexdigest()}"':
+        _check_landed(store, url, key, data, version)
+    return version
+
+
+def _check_landed(store: Any, url: str, key: str, data: bytes, version: str) -> None:
+    """A PutObject answered 200 with an ETag that is not the MD5 of the bytes sent: a
+    store that encrypts with KMS (its ETags are no MD5), or an answer that is not the
+    store's (a gateway's error document served as 200, with the ETag of its own body).
+    obstore reads no body of a PUT's answer (botocore finds the error in it), so such a
+    PUT counted as written, and a marker that never landed as a commit. One HEAD tells."""
+    import obstore
+
+    try:
+        meta = obstore.head(store, key)
+    except Exception as exc:
+        raise OSError(f"{url}: PutObject answered 200 with ETag {version}, not the MD5 of "
+                      f"the bytes sent, and the object cannot be found ({_said(exc)}): not "
+                      "the store's answer (an error document served as 200?)") from exc
+    found = (int(meta["size"]), etag(meta["e_tag"], url))
+    if found != (len(data), version):
+        raise OSError(f"{url}: PutObject answered 200 with ETag {version}, not the MD5 of "
+                      f"the bytes sent, and the store holds {found[0]} bytes with ETag "
+                      f"{found[1]}: not the store's answer (an error document served as "
+                      "200?)")
 
 
 def list_below(store: Any, adapter: S3Adapter, bucket: str, start: str,
@@ -198,12 +215,7 @@ def get_small(store: Any, adapter: S3Adapter, bucket: str, key: str, limit: int,
     ValueError naming it, from the GET's headers before its body is taken in. None where
     obstore cannot name the key exactly (nothing was sent: use s3fs). Errors as s3fs's."""
     import obstore
-    from obstore.exceptions import (
-        InvalidPathError,
-        NotFoundError,
-        PermissionDeniedError,
-        UnauthenticatedError,
-    )
+    from obstore.exceptions import InvalidPathError, NotFoundError
 
     url = adapter.url(f"{bucket}/{key}")
     try:
@@ -214,10 +226,8 @@ def get_small(store: Any, adapter: S3Adapter, bucket: str, key: str, limit: int,
         raise OSError(f"{url}: GET failed: {_said(exc)}") from exc
     except (NotFoundError, FileNotFoundError):  # obstore raises the builtin for a GET
         return (None,)
-    except (PermissionDeniedError, UnauthenticatedError, PermissionError) as exc:
-        raise PermissionError(f"{url}: GET answered HTTP 403: {_said(exc)}") from exc
     except Exception as exc:
-        raise OSError(f"{url}: GET failed: {type(exc).__name__}: {_said(exc)}") from exc
+        raise _failure(exc, url, "GET") from exc
     size = int(result.meta["size"])
     if size > limit:
         # The body is a stream not read yet: dropped here, it is never downloaded.
@@ -237,3 +247,31 @@ def _said(exc: BaseException) -> str:
     # object_store's message runs on with a multi-line "Debug source" dump: its first line.
     lines = str(exc).strip().splitlines()
     return lines[0][:300] if lines else ""
+
+
+# How object_store says the store refused a request, before the body the store sent.
+_REFUSED = re.compile(r"Server returned non-2xx status code: (\d{3})[^:]*(?::(.*))?", re.S)
+
+
+def _failure(exc: Exception, url: str, what: str) -> OSError:
+    """The builtin a caller catches for ``what`` refused (as s3fs's path raises it: 403
+    PermissionError, 404 FileNotFoundError, else OSError), its message as short as s3fs's:
+    the object, the status, and the S3 error code and message. obstore's own message holds
+    its whole request and a multi-line debug dump of its Rust error (40 lines for a 403)."""
+    from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
+
+    text = str(exc).split("\n\nDebug source:", 1)[0]
+    refused = _REFUSED.search(text)
+    if refused is None:
+        # Not an answer (a connection refused, a timeout): what failed, on one line.
+        return OSError(f"{url}: {what} failed: {type(exc).__name__}: {_said(exc)}")
+    status, body = int(refused[1]), (refused[2] or "").strip()
+    doc = error_document(body.encode())
+    said = f"{doc[0]}: {doc[1]}" if doc else body.splitlines()[0][:200] if body else ""
+    message = f"{url}: {what} answered HTTP {status} {said}".rstrip()
+    if status in (401, 403) or isinstance(exc, PermissionDeniedError | UnauthenticatedError
+                                          | PermissionError):
+        return PermissionError(message)
+    if status == 404 or isinstance(exc, NotFoundError | FileNotFoundError):
+        return FileNotFoundError(message)
+    return OSError(message)

@@ -453,11 +453,21 @@ class AzureAdapter(Adapter):
 
         async def run() -> tuple[Any, bytes]:
             container, key = self._split(path)
-            async with self.fs.service_client.get_blob_client(container, key) as client:
-                stream = await client.download_blob(offset=start, length=length, **pin,
-                                                    **self._timeouts)
-                data: bytes = await stream.readall()
-                return stream.properties, data
+            answered: list[Any] = []  # each attempt's response, the SDK's retries' too
+            try:
+                async with self.fs.service_client.get_blob_client(container, key) as client:
+                    stream = await client.download_blob(
+                        offset=start, length=length, **pin, **self._timeouts,
+                        raw_response_hook=answered.append)
+                    data: bytes = await stream.readall()
+                    return stream.properties, data
+            finally:
+                # azure-core closes a response whose body failed, but not one whose body
+                # stalled past the read timeout, and the SDK tries again: each stalled
+                # attempt held its connection open until exit ("Unclosed response").
+                # (Closing a response read to its end is a no-op.)
+                for response in answered:
+                    response.http_response.internal_response.close()
 
         what = f"GET of bytes {start}-{start + length - 1}"
         try:

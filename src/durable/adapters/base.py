@@ -9,6 +9,7 @@ reads) is built once, in the core, on top of these.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -182,6 +183,11 @@ class AtomicFile(io.RawIOBase):
         finally:
             super().close()
 
+    def prepare(self) -> None:
+        """Make the bytes written so far durable now, ahead of `commit` (which then only
+        publishes them); nothing is written after. A no-op where the store makes an object
+        durable as it publishes it."""
+
     def tell(self) -> int:
         return self.checksum.size
 
@@ -215,6 +221,16 @@ class AtomicFile(io.RawIOBase):
 
     @abstractmethod
     def _abort(self) -> None: ...
+
+
+class Staged:
+    """A put made ready by `Adapter.stage`: `publish` it, or `discard` it (a no-op once
+    published; a staged temp file is removed, the target left as it was)."""
+
+    def __init__(self, publish: Callable[[], ObjectInfo],
+                 discard: Callable[[], None] | None = None) -> None:
+        self.publish = publish
+        self.discard = discard if discard is not None else (lambda: None)
 
 
 class Adapter(ABC):
@@ -264,6 +280,13 @@ class Adapter(ABC):
             f.write(data)
         assert f.info is not None
         return f.info
+
+    def stage(self, path: str, data: bytes, *, create_only: bool = False) -> Staged:
+        """A `put` made ready now and published later (a commit marker, prepared while the
+        entry's data is still being made durable). Where making bytes durable is a step of
+        its own (a local disk's fsync) it is taken here, so the publish is only the rename
+        and the directory's fsync; elsewhere the publish is the whole `put`."""
+        return Staged(functools.partial(self.put, path, data, create_only=create_only))
 
     def sync(self, paths: Iterable[str], dirs: Iterable[str] = ()) -> None:  # noqa: B027
         """Make objects written with ``durable=False`` durable; a no-op where puts are."""
@@ -437,10 +460,22 @@ class Adapter(ABC):
         ``root``. False on stores that have no links."""
         return False
 
+    def links_in(self, directory: str) -> Sequence[str]:
+        """Names of the links directly in ``directory`` (symlinks, on a local disk), which
+        listings never show; [] on stores that have no links (no request)."""
+        return []
+
     # removing -----------------------------------------------------------------------------
     @abstractmethod
     def delete(self, paths: Iterable[str]) -> None:
         """Remove objects; missing ones are ignored."""
+
+    def discard(self, paths: Iterable[str]) -> None:
+        """Remove objects whose removal need not survive a crash: a committed attempt's
+        records, which a crash can only leave beside the marker for `durable clean`.
+        `delete`, except where making a removal durable is a step of its own (a local
+        disk's directory fsync), which this skips."""
+        self.delete(paths)
 
     @abstractmethod
     def delete_prefix(self, prefix: str) -> None:

@@ -14,6 +14,15 @@ and writes take no lock: one landing after the check is never removed). The lock
 with its process (a SIGKILLed holder frees it), and the sidecar is never removed (removing
 a lock file races with processes waiting on the old inode).
 
+The window of a conditional replace: between its check and its rename, only a writer that
+takes no lock can act. Every removal of a lease durable makes takes the lock
+(`durable._entry.remove_records`, clean), and leases are created only create-only (link(2)
+fails while one is there), so no writer of durable's falls in it. A writer that takes no
+lock does: a lease removed by another tool (``rm``) in it is put back by the rename, its
+holder going on as if nothing happened; one put there by a plain write is overwritten.
+POSIX has no rename that compares what it replaces (Linux's RENAME_EXCHANGE swaps, but not
+on NFS), so this stays open to other tools, for the tens of microseconds of each renewal.
+
 Limits: ``lockf`` reaches other machines only where the file system forwards it (local
 disks: one machine; NFSv3 with NLM and NFSv4: yes). NFS mounted with ``nolock`` or
 ``local_lock=all|posix`` and FUSE mounts (gcsfuse, s3fs-fuse, ...) keep locks on one
@@ -33,7 +42,7 @@ import stat as _stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -43,12 +52,18 @@ from durable.adapters.base import (
     AtomicFile,
     Capabilities,
     ObjectInfo,
+    Staged,
     VersionMismatchError,
 )
 
-__all__ = ["LocalAdapter", "fsync_dir"]
+__all__ = ["DEL_MARK", "TMP_MARK", "LocalAdapter", "fsync_dir"]
 
 TMP_MARK = ".durable-tmp-"
+#: What `delete_if` renames an object to before removing it (``.NAME.durable-tmp-del-*``,
+#: a lease or a marker, in a records directory). One left by a process killed between the
+#: rename and the unlink is debris of a removal, never a sign of a writer at work: status
+#: and scan pass over it, and a clean (or an entry starting over) removes it.
+DEL_MARK = f"{TMP_MARK}del-"
 # fsync releases the GIL: a small pool overlaps the disk's flushes at commit.
 _SYNC_WORKERS = 8
 # CRC32C is computed in the writing thread, before each write(2): ~55 ms per GiB here. A
@@ -312,11 +327,18 @@ class _LocalAtomicFile(AtomicFile):
         self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._written = 0
         self._started = 0  # bytes whose writeback is already started
+        self._prepared = False  # bytes fsynced by `prepare`, none written since
         self._writeback: Callable[[int, int, int, int], int] | None = (
             _sync_file_range if durable else None)
 
+    def prepare(self) -> None:
+        if self._durable and self._fd is not None and not self._done:
+            os.fsync(self._fd)  # an error here is final, as in `_commit`: abort, no retry
+            self._prepared = True
+
     def _write(self, data: memoryview) -> None:
         assert self._fd is not None
+        self._prepared = False  # bytes after the fsync: `_commit` fsyncs again
         while data:
             n = os.write(self._fd, data)
             data = data[n:]
@@ -341,7 +363,7 @@ class _LocalAtomicFile(AtomicFile):
     def _commit(self) -> ObjectInfo:
         fd = self._fd
         assert fd is not None
-        if self._durable:
+        if self._durable and not self._prepared:
             # An fsync error is final for this write: the kernel may already have dropped
             # the dirty pages, so a retried fsync on the same fd can "succeed" over lost
             # data. Raise (and _abort removes the temp file); never retry.
@@ -476,6 +498,8 @@ class LocalAdapter(Adapter):
                 found=found)
 
     def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
+        # Check, then rename, under the lock: no conditional write and no removal durable
+        # makes of a lease falls between; a tool that takes no lock can (module doc).
         with _cas_lock(path):
             self._check_version(path, version)
             return self.put(path, data, durable=False)
@@ -488,7 +512,7 @@ class LocalAdapter(Adapter):
             # holder's lease) would be unlinked in its stead, a commit lost. So what is
             # there is renamed aside (atomic) and judged again, by its own inode.
             directory, name = os.path.split(path)
-            aside = os.path.join(directory, f".{name}{TMP_MARK}del-{uuid.uuid4().hex[:12]}")
+            aside = os.path.join(directory, f".{name}{DEL_MARK}{uuid.uuid4().hex[:12]}")
             try:
                 os.rename(path, aside)
             except FileNotFoundError:
@@ -540,6 +564,34 @@ class LocalAdapter(Adapter):
                     return False
                 raise
         return False
+
+    def stage(self, path: str, data: bytes, *, create_only: bool = False) -> Staged:
+        f = self.open_atomic(path, create_only=create_only)
+        try:
+            f.write(data)
+            f.prepare()  # the bytes' fsync now: the publish is the link and the dir's fsync
+        except BaseException:
+            f.abort()
+            raise
+        return Staged(f.commit, f.abort)
+
+    def discard(self, paths: Iterable[str]) -> None:
+        # No directory fsync: a removal a crash undoes leaves what `durable clean` removes.
+        for p in paths:
+            try:
+                os.unlink(p)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                if exc.errno not in _NO_SUCH_NAME:
+                    raise
+
+    def links_in(self, directory: str) -> Sequence[str]:
+        try:
+            with os.scandir(directory) as it:
+                return sorted(e.name for e in it if e.is_symlink())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()

@@ -60,6 +60,7 @@ from durable.adapters._s3_http import (
     error_fields,
     etag,
     failure,
+    mark_200_errors,
 )
 from durable.adapters._s3_light import get_small, light_store, list_below
 from durable.adapters._s3_light import put as light_put
@@ -171,6 +172,10 @@ class S3Adapter(Adapter):
 
     def _call(self, method: str, url: str, what: str, *, pinned: str | None = None,
               create_only: bool = False, **kwargs: Any) -> dict[str, Any]:
+        client = getattr(self.fs, "_s3", None)
+        if client is None or not getattr(client.meta.events, "_durable_marks_200", False):
+            sync(self.fs.loop, self.fs.set_session)
+            mark_200_errors(self.fs.s3)  # a 200 with an error body said as such, not "500"
         try:
             result: dict[str, Any] = sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
         except Exception as exc:

@@ -208,6 +208,35 @@ class AdapterTests:
         assert self.raw_get(p) == b"first"
         assert self.raw_list(self.base) == [p]
 
+    def test_a_staged_put_publishes_at_publish_and_discards_cleanly(self) -> None:
+        """`stage` (a commit marker made ready while the data is made durable): nothing at
+        the target before `publish`; a discarded one leaves nothing, temp files included;
+        a create-only one over an object that appeared meanwhile is FileExistsError."""
+        p, gone, taken = self.path("staged"), self.path("dropped"), self.path("taken")
+        staged = self.adapter.stage(p, b"marker bytes", create_only=True)
+        assert self.raw_get(p) is None
+        staged.publish()
+        staged.discard()  # a no-op once published
+        assert self.raw_get(p) == b"marker bytes"
+        self.adapter.stage(gone, b"never published").discard()
+        assert self.raw_get(gone) is None
+        if self.adapter.capabilities.create_only:
+            staged = self.adapter.stage(taken, b"second", create_only=True)
+            self.raw_put(taken, b"first")
+            with pytest.raises(FileExistsError):
+                staged.publish()
+            staged.discard()
+            assert self.raw_get(taken) == b"first"
+        else:
+            self.raw_put(taken, b"first")
+        assert self.raw_list(self.base) == sorted([p, taken])
+
+    def test_discard_removes_what_it_names(self) -> None:
+        for key in ("a", "b/c", "kept"):
+            self.raw_put(self.path(key), key.encode())
+        self.adapter.discard([self.path("a"), self.path("b/c"), self.path("missing")])
+        assert self.raw_list(self.base) == [self.path("kept")]
+
     def test_racing_create_only_writers_have_exactly_one_winner(self) -> None:
         self._require("create_only")
         writers = 8
