@@ -205,8 +205,7 @@ def test_a_renewal_racing_a_removal_never_puts_the_lease_back(local: Place) -> N
     into a deleted entry (or its temp file went with the records: an OSError, not the
     lease lost). Real processes: the holder renews back to back while this one deletes,
     round after round; every time the holder must find the lease lost."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["_cached_child"])
+    ctx = forkserver()
     held, removed, out, go = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     rounds = 40
     holder = ctx.Process(target=_cached_child.renewing_holder,
