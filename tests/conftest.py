@@ -94,6 +94,59 @@ def _housekeeping_settled() -> Iterator[None]:
     background.wait()
 
 
+# What the racing test children need, imported once in the fork server, not by each
+# (8 children at once on two cores): durable, the S3 stack, the cached function.
+FORKSERVER_PRELOAD = ["_cached_child", "durable.adapters.s3"]
+
+
+def forkserver() -> Any:
+    """multiprocessing's forkserver context, preloading FORKSERVER_PRELOAD (one server per
+    session: the preload is the first caller's, so every caller names this one)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
+
+
+class _NoSleep:
+    """A client library's ``asyncio`` or ``time`` module, its sleeps made 0."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def sleep(self, delay: float, *args: Any) -> Any:
+        return self._module.sleep(0)  # a coroutine for asyncio, None for time
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clients' own retries, as many as ever, without the backoff between them
+    (botocore, aiobotocore, s3fs, gcsfs, azure: up to 80 s per request given up on): what a
+    test of a fault that outlasts them checks is the error at the end, not the wait."""
+    import asyncio
+    import time
+
+    import aiobotocore.endpoint
+    import azure.storage.blob._shared.policies_async as azure_policies
+    import azure.storage.blob.aio._download_async as azure_download
+    import botocore.endpoint
+    import gcsfs.retry
+    import s3fs.core
+
+    monkeypatch.setattr(botocore.endpoint, "time", _NoSleep(time))
+    monkeypatch.setattr(aiobotocore.endpoint, "asyncio", _NoSleep(asyncio))
+    monkeypatch.setattr(s3fs.core, "asyncio", _NoSleep(asyncio))
+    monkeypatch.setattr(gcsfs.retry, "asyncio", _NoSleep(asyncio))
+    # azure-storage-blob: 15 + 18 + 24 s between its retries; 1 s before a body retried.
+    monkeypatch.setattr(azure_policies.ExponentialRetry, "get_backoff_time",
+                        lambda self, settings: 0)
+    monkeypatch.setattr(azure_download, "asyncio", _NoSleep(asyncio))
+
+
 @pytest.fixture
 def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
     """A fault proxy in front of the moto server, and storage options that go through it;

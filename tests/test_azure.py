@@ -453,22 +453,26 @@ def test_a_refused_upload_is_the_builtin_naming_the_blob(
 
 
 def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_blob(
-        proxied: tuple[Bucket, FaultProxy]) -> None:
+        proxied: tuple[Bucket, FaultProxy], no_backoff: None) -> None:
     """A store that closes the connection on every request (the client's retries spent,
     a bounded number): an OSError naming the blob and the request, as on S3; it was
-    the SDK's ServiceRequestError, no OSError, naming nothing."""
+    the SDK's ServiceRequestError, no OSError, naming nothing. (The SDK's retries
+    without their backoff: no_backoff.)"""
     bucket, proxy = proxied
     url = bucket.path("a.bin")
     with atomic_write(url, storage_options=bucket.storage_options) as f:
         f.write(b"d" * 1000)
+    retry = bucket.filesystem().service_client._config.retry_policy
     proxy.add(drop_connection(match=Match(methods="GET")))
     with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
                                       "Serv[A-Za-z]*Error: Server disconnected"):
         read_verified(url, storage_options=bucket.storage_options)
+    # The retry path ran: the GET was sent again, each time on a new connection.
+    assert len([r for r in proxy.requests if r.method == "GET"]) > retry.total_retries
 
 
 def test_a_stalled_body_is_a_timeout_naming_the_blob(
-        proxied: tuple[Bucket, FaultProxy]) -> None:
+        proxied: tuple[Bucket, FaultProxy], no_backoff: None) -> None:
     """A body that never comes: with adlfs's read_timeout storage option (which the
     adapter's own requests ignored: they waited the SDK's 60 s per attempt, 3 minutes), a
     TimeoutError naming the blob and saying it stalled; it said "answered HTTP None"."""
@@ -601,7 +605,7 @@ def test_a_store_ignoring_if_match_cannot_serve_another_version(
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "always"])
 def test_body_cut_mid_way_is_never_returned_short(proxied: tuple[Bucket, FaultProxy],
-                                                  times: int | None) -> None:
+                                                  times: int | None, no_backoff: None) -> None:
     """A connection dropped mid-body (full Content-Length, 1000 bytes): the SDK retries
     the same pinned range; cut every time, it is an IntegrityError naming the blob."""
     bucket, proxy = proxied

@@ -28,6 +28,11 @@ from durable.testing.faults import FaultProxy, Match, RequestInfo
 from durable.testing.pytest_plugin import Bucket
 
 pytestmark = pytest.mark.s3
+# What the clients do is the number of their retries and how they end, never how long
+# they waited between them: the tests that wait for retries go without their backoff.
+# (Not test_request_log_and_budgets: it reads the last exchange's response_bytes, which
+# the proxy fills in after the client has its answer; retries back to back made it 0.)
+no_backoff = pytest.mark.usefixtures("no_backoff")
 
 MiB = 1024 * 1024
 PART = 5 * MiB
@@ -367,6 +372,7 @@ def test_truncate_body_boto3_raises(s3_bucket: Bucket, proxy: FaultProxy, via: A
         via.get_object(Bucket=s3_bucket.name, Key="t.bin")["Body"].read()
 
 
+@no_backoff
 def test_truncate_body_s3fs_retries_then_raises(s3_bucket: Bucket, proxy: FaultProxy,
                                                 direct: Any) -> None:
     from aiohttp import ClientPayloadError
@@ -506,6 +512,7 @@ def test_error_document_is_correctly_sized(s3_bucket: Bucket, proxy: FaultProxy)
     assert headers["etag"].startswith('"') and headers["content-type"] == "application/xml"
 
 
+@no_backoff
 def test_errors_as_the_clients_see_them(s3_bucket: Bucket, proxy: FaultProxy, via: Any,
                                         direct: Any) -> None:
     from botocore.exceptions import ClientError
@@ -624,6 +631,7 @@ def test_delay(s3_bucket: Bucket, proxy: FaultProxy, direct: Any) -> None:
         client.close()
 
 
+@no_backoff
 def test_drop_connection(s3_bucket: Bucket, proxy: FaultProxy, via: Any, direct: Any) -> None:
     from botocore.exceptions import ConnectionClosedError, ResponseStreamingError
 
@@ -736,6 +744,7 @@ def _read_twice(kind: str, proxy: FaultProxy, storage: str, path: str) -> tuple[
 @pytest.mark.slow
 # fsspec's blockcache (MMapCache) leaves its cache file open: not ours to fix here.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@no_backoff
 def test_fsspec_caches_keep_what_a_failed_or_short_read_left(
         s3_bucket: Bucket, proxy: FaultProxy, direct: Any, tmp_path: Any) -> None:
     """What each fsspec cache holds after a bad read, read again once the store is fine."""

@@ -320,7 +320,7 @@ _UPLOAD = Match(methods="POST", query="uploadType")
 
 
 def test_a_create_only_upload_whose_answer_was_lost_is_not_refused_by_itself(
-        fake_proxied: tuple[Bucket, FaultProxy]) -> None:
+        fake_proxied: tuple[Bucket, FaultProxy], no_backoff: None) -> None:
     bucket, proxy = fake_proxied
     a = adapter(bucket)
     proxy.add(drop_connection(forward=True, match=_UPLOAD, times=1))
@@ -348,7 +348,7 @@ def test_a_session_whose_finalizing_answer_was_lost_is_not_a_failure(
 
 
 def test_a_writer_whose_marker_landed_but_whose_answer_was_lost_has_committed(
-        fake_proxied: tuple[Bucket, FaultProxy]) -> None:
+        fake_proxied: tuple[Bucket, FaultProxy], no_backoff: None) -> None:
     bucket, proxy = fake_proxied
     entry = Entry(bucket.path("e"), storage_options=bucket.storage_options)
     with entry.writing() as w:
@@ -530,7 +530,8 @@ def test_a_stalled_body_is_a_timeout_naming_the_object(
 
 
 def test_a_stalled_body_is_given_up_on_by_default(proxied: tuple[Bucket, FaultProxy],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  no_backoff: None) -> None:
     """gcsfs sets no timeout: without requests_timeout in the storage options, a body that
     never came was waited for as long as the store stalled (forever). The adapter sets
     one (`gcs.READ_TIMEOUT` between reads, shortened here): the stalled GET is given up
@@ -577,10 +578,11 @@ def test_a_ranged_get_answered_with_another_range_is_refused(
 
 
 def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_object(
-        proxied: tuple[Bucket, FaultProxy]) -> None:
+        proxied: tuple[Bucket, FaultProxy], no_backoff: None) -> None:
     """A store that closes the connection on every request (the client's retries spent,
     a bounded number): an OSError naming the object and the request, as on S3; it was
-    aiohttp's ServerDisconnectedError, no OSError, naming nothing."""
+    aiohttp's ServerDisconnectedError, no OSError, naming nothing. (gcsfs's six tries
+    without their 1 + 2 + 4 + 8 + 16 s of sleep: no_backoff.)"""
     bucket, proxy = proxied
     url = bucket.path("a.bin")
     with atomic_write(url, storage_options=bucket.storage_options) as f:
@@ -589,6 +591,7 @@ def test_a_connection_dropped_on_every_retry_is_an_oserror_naming_the_object(
     with pytest.raises(OSError, match=f"{bucket.name}/a.bin: GET of bytes 0-.* failed: "
                                       "Serv[A-Za-z]*Error: Server disconnected"):
         read_verified(url, storage_options=bucket.storage_options)
+    assert proxy.count(method="GET", query="alt") > 1  # the retry path ran
 
 
 def test_an_error_page_served_as_200_for_the_resource_names_the_object(
@@ -662,7 +665,7 @@ def test_an_answer_cut_short_on_every_attempt_names_the_object(
 
 
 def test_body_cut_mid_way_is_fetched_again_never_returned_short(
-        proxied: tuple[Bucket, FaultProxy]) -> None:
+        proxied: tuple[Bucket, FaultProxy], no_backoff: None) -> None:
     """A connection dropped mid-body (full Content-Length, 1000 bytes): gcsfs retries the
     same pinned range. (Cut on every attempt, it is an IntegrityError after gcsfs's six
     tries: `test_an_answer_cut_short_on_every_attempt_names_the_object`.)"""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import multiprocessing
 import os
 import random
 import signal
@@ -31,6 +30,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import _cached_child
 import durable._lease
 from _cached_child import Child
+from conftest import forkserver
 from durable import (
     Entry,
     IncompleteExistsError,
@@ -152,8 +152,7 @@ def test_conditional_write_has_one_winner(local: Place, how: str) -> None:
     adapter.put(path, b"start")
     n = 8
     if how == "processes":
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["_cached_child", "durable.adapters.s3"])
+        ctx = forkserver()
         barrier, results = ctx.Barrier(n), ctx.Queue()
         procs = [ctx.Process(target=_cached_child.cas_racer,
                              args=(path, {}, PROCESS_ROUNDS, barrier, results, i))
@@ -206,8 +205,7 @@ def test_a_renewal_racing_a_removal_never_puts_the_lease_back(local: Place) -> N
     into a deleted entry (or its temp file went with the records: an OSError, not the
     lease lost). Real processes: the holder renews back to back while this one deletes,
     round after round; every time the holder must find the lease lost."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["_cached_child"])
+    ctx = forkserver()
     held, removed, out, go = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     rounds = 40
     holder = ctx.Process(target=_cached_child.renewing_holder,
@@ -373,7 +371,8 @@ def test_heartbeat_notices_a_takeover(shared: Place) -> None:
 
 
 @pytest.mark.s3
-def test_a_holder_cut_off_from_the_store_loses_its_lease(s3_bucket: Bucket) -> None:
+def test_a_holder_cut_off_from_the_store_loses_its_lease(s3_bucket: Bucket,
+                                                         no_backoff: None) -> None:
     with FaultProxy(upstream=s3_bucket.server.url) as proxy:
         # One attempt per botocore call: with its default retries (on top of s3fs's own),
         # a renewal against a store answering 503 takes about a minute to give up.

@@ -234,7 +234,8 @@ def test_a_start_whose_own_record_was_removed_meanwhile_never_goes_on_unannounce
 
 @pytest.mark.s3
 def test_a_start_whose_put_landed_but_failed_removes_its_record(
-        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]],
+        no_backoff: None) -> None:
     """The attempt record's PUT reaches the store and every answer is lost (the client
     retries, then gives up): the writer fails, and the record it cannot know landed is
     removed, so the entry is ABSENT for the next writer, not INCOMPLETE."""

@@ -800,7 +800,8 @@ def test_after_a_failed_staging_write_metadata_is_read_from_staging(
     ({"kind": "truncate_body", "keep": 100}, OSError),
 ], ids=["403", "400", "cut-body"])
 def test_a_chunk_read_that_fails_names_the_chunk(s3_bucket: Bucket, fault: dict[str, Any],
-                                                 builtin: type[OSError]) -> None:
+                                                 builtin: type[OSError],
+                                                 no_backoff: None) -> None:
     """A chunk GET refused or cut short on every retry: the builtin a caller catches,
     naming the chunk. The clients' errors name none (s3fs: PermissionError "Access
     Denied"), and a cut body was aiohttp's ClientPayloadError, no OSError."""
