@@ -401,3 +401,17 @@ def test_inside_a_committed_entry_on_s3_nothing_is_written(s3_bucket: Bucket) ->
         fs.invalidate_cache()
         assert sorted(fs.find(s3_bucket.name)) == before
     assert outer.verify(deep=True).ok
+
+
+def test_a_folder_committed_here_is_refused_at_once_on_s3(s3_bucket: Bucket) -> None:
+    """A write into a folder found clear of committed entries skips the look for a few
+    seconds on a store across a network (a round trip per small object). A commit by this
+    process ends that at once: the folder it committed, seen clear a moment before, is
+    refused, not written into."""
+    so = dict(s3_bucket.storage_options)
+    with atomic_write(s3_bucket.path("run", "ds", "a"), storage_options=so) as f:
+        f.write(b"1")  # the folder run/ds is seen clear
+    outer = durable.Entry(s3_bucket.path("run", "ds"), storage_options=so)
+    outer.mark_complete()
+    _refused_inside(s3_bucket.path("run", "ds", "b"), outer, so)
+    assert outer.verify(deep=True).ok

@@ -27,6 +27,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import _cached_child
 import durable
+import durable._entry
 from _cached_child import Child, cached_compute, computations
 from conftest import forkserver
 from durable import (
@@ -851,10 +852,14 @@ def _request_kinds(requests: list[RequestRecord], entry: Entry) -> collections.C
 @pytest.mark.parametrize("value", [np.arange(16.0), {"a": [1, 2.5], "b": "text"}],
                          ids=["ndarray", "dict"])
 def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProxy],
-                                                 value: Any) -> None:
+                                                 value: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Every request of one miss and one hit of a small result, by kind: a change in what a
     call costs on an object store shows up here (update the counts on purpose only)."""
     store, proxy = proxied
+    # The look for a committed entry above is skipped in a folder seen clear in the last
+    # seconds: long enough here that the second miss below never depends on the clock.
+    monkeypatch.setattr(durable._entry, "_CLEAR_FOR", 600.0)
     calls: list[int] = []
 
     def small(x: int) -> Any:
@@ -866,9 +871,11 @@ def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProx
     f(0)  # the first miss of a process probes the endpoint (create-only, If-Match): apart
     entry = f.entry(1)
 
+    durable._entry._SEEN_CLEAR.clear()  # a folder not written in the last seconds
     proxy.clear_requests()
     f(1)
-    assert _request_kinds(proxy.requests, entry) == {
+    miss = _request_kinds(proxy.requests, entry)
+    assert miss == {
         "GET marker 404": 1,               # the look for a hit
         "PUT lease If-None-Match 200": 1,  # the writer lease, create-only: one writer
         "GET marker above 404": 3,         # writing(): no committed entry around this one
@@ -895,7 +902,12 @@ def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProx
         "GET value 200": 1,   # the value, verified against the manifest's size and CRC32C
     }
     np.testing.assert_equal(got, value)
-    assert calls == [0, 1]
+    # Another miss in the same folder at once: no look above (it was seen clear).
+    proxy.clear_requests()
+    f(2)
+    del miss["GET marker above 404"]
+    assert _request_kinds(proxy.requests, f.entry(2)) == miss
+    assert calls == [0, 1, 2]
     assert not proxy.errors
 
 

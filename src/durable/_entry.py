@@ -1013,6 +1013,7 @@ class Entry:
             # raises LeaseLostError here, before the marker.
             with fence or contextlib.nullcontext():
                 staged.publish()
+            _forget_clear(self.path)
         except FileExistsError:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url
@@ -1296,12 +1297,41 @@ def committed_above(adapter: Adapter, path: str) -> Entry | None:
     return None
 
 
+#: On a store across a network: folders found with no committed entry above them ->
+#: (their filesystem, when, monotonic). A write into a folder seen clear within
+#: `_CLEAR_FOR` seconds asks the store nothing (a loop writing many small objects into one
+#: folder paid a round trip before each: 1.5 times a 1 MiB PutObject on moto). A commit
+#: by this process forgets the folders it makes part of an entry (`_forget_clear`), so
+#: writing into one is refused at once; an entry committed by another process within
+#: those seconds is seen after them (as one committed between any look and the write it
+#: guards always was).
+_SEEN_CLEAR: dict[tuple[int, str], tuple[object, float]] = {}
+_CLEAR_FOR = 2.0
+_SEEN_CLEAR_MAX = 4096
+
+
+def _forget_clear(entry_path: str) -> None:
+    """Folders seen clear that the entry at ``entry_path``, just committed, holds."""
+    inside = entry_path.rstrip("/") + "/"
+    for key in [k for k in list(_SEEN_CLEAR) if f"{k[1]}/".startswith(inside)]:
+        _SEEN_CLEAR.pop(key, None)
+
+
 def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
     """EntryExistsError, naming both, if ``path`` lies inside a committed entry: ``doing``
     (writing, removing) there would change data its marker still vouches for, and the
     entry would say COMPLETE over other bytes, or over objects gone."""
+    remote = not set(adapter.protocols) & _IN_PROCESS
+    folder = (id(adapter.fs), path.rstrip("/").rpartition("/")[0])
+    seen = _SEEN_CLEAR.get(folder) if remote else None
+    if seen is not None and seen[0] is adapter.fs and time.monotonic() - seen[1] < _CLEAR_FOR:
+        return
     holder = committed_above(adapter, path)
     if holder is None:
+        if remote:
+            if len(_SEEN_CLEAR) >= _SEEN_CLEAR_MAX:
+                _SEEN_CLEAR.clear()
+            _SEEN_CLEAR[folder] = (adapter.fs, time.monotonic())
         return
     url = adapter.url(path.rstrip("/"))
     raise EntryExistsError(
