@@ -105,6 +105,10 @@ def _name(url: str) -> str:
 
 
 # ------------------------------------------------------------------------ requests, records
+# The marker of the folder above a write in "d": is "d" a committed entry (read-only then)?
+ABOVE = ("GET", ".durable/d/commit.json")
+
+
 @pytest.mark.azure
 def test_a_1_mib_write_is_one_put_blob_and_read_verified_one_get(
         azure_container: Bucket, proxied: tuple[dict[str, Any], FaultProxy],
@@ -114,8 +118,9 @@ def test_a_1_mib_write_is_one_put_blob_and_read_verified_one_get(
     url, data = azure_container.path("d", "obj.bin"), os.urandom(MiB)
     proxy.clear_requests()
     _write(url, data, options)
-    # Before: a marker stat, the Put Blob, a verify stat, the marker's Put Blob.
-    assert _requests(proxy, c) == [("PUT", "d/obj.bin")]
+    # Before: a marker stat, the Put Blob, a verify stat, the marker's Put Blob. Now the
+    # Put Blob with its record, after one GET: no committed entry around it ("d").
+    assert _requests(proxy, c) == [ABOVE, ("PUT", "d/obj.bin")]
     assert outside.listing() == ["d/obj.bin"]  # no marker beside it
     meta = outside.metadata("d/obj.bin")
     assert (meta["durable_version"], meta["durable_size"], meta["durable_crc32c"]) == (
@@ -136,10 +141,13 @@ def test_a_blob_of_staged_blocks_carries_its_record_in_the_block_list(
     proxy.clear_requests()
     _write(url, data, options)
     # Two blocks, the block list with the record, and the verify stat (a block list's
-    # answer carries no digest of the whole blob).
-    assert _requests(proxy, c) == [("PUT", "d/big.bin?comp=block"),
-                                   ("PUT", "d/big.bin?comp=block"),
-                                   ("PUT", "d/big.bin?comp=blocklist"), ("HEAD", "d/big.bin")]
+    # answer carries no digest of the whole blob); the GET of the marker above ("d") made
+    # while the blocks go, answered before the block list.
+    got = _requests(proxy, c)
+    assert sorted(got) == sorted([ABOVE, ("PUT", "d/big.bin?comp=block"),
+                                  ("PUT", "d/big.bin?comp=block"),
+                                  ("PUT", "d/big.bin?comp=blocklist"), ("HEAD", "d/big.bin")])
+    assert got.index(ABOVE) < got.index(("PUT", "d/big.bin?comp=blocklist"))
     assert outside.listing() == ["d/big.bin"]
     assert outside.metadata("d/big.bin")["durable_crc32c"] == crc_to_hex(crc32c(data))
     assert durable.read_verified(url, storage_options=options) == data
@@ -158,7 +166,7 @@ def test_a_put_blob_answered_without_its_md5_is_stat_ed(
     url, data = azure_container.path("d", "obj.bin"), os.urandom(1000)
     proxy.clear_requests()
     _write(url, data, options)
-    assert _requests(proxy, azure_container.name) == [("PUT", "d/obj.bin"),
+    assert _requests(proxy, azure_container.name) == [ABOVE, ("PUT", "d/obj.bin"),
                                                       ("HEAD", "d/obj.bin")]
     assert durable.read_verified(url, storage_options=options) == data
 
@@ -391,8 +399,9 @@ def test_gcs_a_1_mib_write_is_one_upload_carrying_its_record(
     url, data = gcs_bucket.path("d", "obj.bin"), os.urandom(MiB)
     proxy.clear_requests()
     _write(url, data, options)
-    # Before: a marker stat, the upload, a verify stat, the marker's upload.
-    assert _gcs_requests(proxy) == [("POST", "upload")]
+    # Before: a marker stat, the upload, a verify stat, the marker's upload. Now the
+    # upload with its record, after one GET: no committed entry around it ("d").
+    assert _gcs_requests(proxy) == [("GET", "resource"), ("POST", "upload")]
     assert raw.keys("d/") == ["d/obj.bin"]  # no marker beside it
     meta = raw.resource("d/obj.bin")["metadata"]
     assert isinstance(meta, dict) and meta["durable-crc32c"] == crc_to_hex(crc32c(data))
