@@ -77,6 +77,12 @@ _LOGGED_HEADERS = frozenset(
 )
 
 
+def _provisional_duration(rec: RequestRecord) -> None:
+    """The time so far, set before the answer's last bytes go (the exchange's end sets it
+    exactly): a client that has its answer never reads a duration of 0 from the log."""
+    rec.duration = max(rec.duration, time.time() - rec.started, 1e-9)
+
+
 @dataclass
 class RequestRecord:
     """One client request as the proxy saw and answered it."""
@@ -194,10 +200,11 @@ class Exchange:
         if close:
             lines.append(("Connection", "close"))
         rec.status = status
+        rec.response_bytes = 0 if rec.method == "HEAD" else len(body)
+        _provisional_duration(rec)
         self._send(status_line(status) + Headers(lines).to_bytes() + b"\r\n")
         if rec.method != "HEAD":
             self._send(body)
-        rec.response_bytes = 0 if rec.method == "HEAD" else len(body)
 
     def _reply_error(
         self,
@@ -385,12 +392,18 @@ class Exchange:
         sent = 0
         try:
             for piece in pieces:
-                if limit is not None and sent + len(piece) >= limit:
-                    self._send(piece[: limit - sent])
-                    sent = limit
-                    break
+                last = limit is not None and sent + len(piece) >= limit
+                if last:
+                    assert limit is not None
+                    piece = piece[: limit - sent]
+                # Counted before it goes: a client holding every byte may read the log
+                # before this thread runs again (it read 0 bytes and no duration).
+                rec.response_bytes = sent + len(piece)
+                _provisional_duration(rec)
                 self._send(piece)
                 sent += len(piece)
+                if last:
+                    break
         except (PeerClosed, ProtocolError) as exc:  # the upstream broke mid-body
             rec.error = f"upstream body failed: {type(exc).__name__}: {exc}"
             rec.truncated = True
