@@ -142,7 +142,13 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
     info = adapter.info(path)
     if info is None:
         return None
-    holder = LeaseWatch(entry, adapter=adapter, path=path)._read(info)
+    watch = LeaseWatch(entry, adapter=adapter, path=path)
+    holder = watch._read(info)
+    if holder is None and (again := adapter.info(path)) is not None and (
+            again.version != info.version):
+        # Renewed between the stat and the read (pinned to the stat's version): the
+        # holder is read from the lease as it is now, not called "unreadable".
+        info, holder = again, watch._read(again)
     limit = stated_stale_after(holder) or _DEFAULT_STALE_AFTER
     lease_url = adapter.url(path)
 
