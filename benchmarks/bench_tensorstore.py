@@ -35,6 +35,10 @@ reads (each with a fresh Context: nothing cached)
                   array is checked: crc32c codec, fill_missing_data_reads off)
 - durable-read-cold: the same as the first open of the commit in a process: the marker
                   decoded and the listing checked against the manifest (beside the marker)
+- dts-read:       durable.tensorstore.read: the open above and the read in one call, the
+                  marker read again after the last chunk (the values all of one commit)
+- dts-read-cold:  the same at the first open of the commit: the listing checked while
+                  tensorstore reads the chunks
 
 Target: durable / ts <= 1.05 and durable-read / ts-read-same <= 1.05: plain tensorstore
 reading the same array, so the ratio is what durable's open adds (durable-read-cold /
@@ -149,6 +153,14 @@ def make_cases(opts: Any, data: Any, chunk: int, committed: str, plain_array: st
         dts._DECODED.clear()
         durable_read(_)
 
+    def dts_read(_: str) -> None:
+        assert dts.read(committed, storage_options=opts, context=ts.Context()).shape == \
+            data.shape
+
+    def dts_read_cold(_: str) -> None:
+        dts._DECODED.clear()  # as in durable_read_cold
+        dts_read(_)
+
     writes = [
         Case("ts", "plain tensorstore (file driver fsyncs)", plain(None)),
         Case("ts+crc", "plain tensorstore + crc32c codec", plain(crc)),
@@ -165,6 +177,10 @@ def make_cases(opts: Any, data: Any, chunk: int, committed: str, plain_array: st
         Case("durable-read", "durable.tensorstore.open + read, fresh context", durable_read),
         Case("durable-read-cold", "the same, the commit's first open in this process",
              durable_read_cold),
+        Case("dts-read", "durable.tensorstore.read (open + read, one commit checked)",
+             dts_read),
+        Case("dts-read-cold", "the same, the commit's first open in this process",
+             dts_read_cold),
     ]
     return writes, reads
 
@@ -232,6 +248,8 @@ def bench_target(name: str, root: str, opts: Any, data: Any, chunk: int, rounds:
               f"median {r['median']:.3f}, median of per-round ratios "
               f"{r['paired_median']:.3f} -> {met}")
     for case, base, what in ((reads[3], reads[1], "the first open of a commit"),
+                             (reads[4], reads[1], "read: open, read, commit checked"),
+                             (reads[5], reads[1], "read at the first open of a commit"),
                              (reads[1], reads[0], "what the crc32c layout costs"),
                              (reads[2], reads[0], "both: against a plain array, no codec")):
         r = ratios(case, base)
@@ -278,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "target": {"ratio": 1.05, "of": ["durable / ts", "durable-read / ts-read-same"],
                    "below": True,
                    "also": ["durable-read-cold / ts-read-same (a commit's first open)",
+                            "dts-read / ts-read-same, dts-read-cold / ts-read-same",
                             "ts-read-same / ts-read (what the crc32c layout costs)",
                             "durable-read / ts-read (both)"]},
         "targets": report,

@@ -1366,6 +1366,74 @@ def test_a_rewrite_that_starts_while_opening_is_refused(s3_bucket: Bucket) -> No
     assert got.shape == (40, COLS) and (got == 2).all()
 
 
+def test_read_returns_the_committed_values_or_refuses(target: Target) -> None:
+    url = target.url("arr")
+    with pytest.raises(IncompleteError, match="ABSENT"):
+        dts.read(url, storage_options=target.options)
+    data = values(20)
+    dts.write(url, data, chunks=[10, 10], storage_options=target.options)
+    assert dts.read(url, storage_options=target.options).tolist() == data.tolist()
+    got = dts.read(url, storage_options=target.options, index=np.s_[3:15, 7])
+    assert got.tolist() == data[3:15, 7].tolist()
+    with pytest.raises(RuntimeError, match="job died"), dts.writing(
+            url, storage_options=target.options, overwrite=True) as w:
+        w.open(create=True, dtype=ts.float32, shape=[20, 20])[...] = 1
+        raise RuntimeError("job died")
+    with pytest.raises(IncompleteError, match="only a COMPLETE entry opens") as err:
+        dts.read(url, storage_options=target.options)
+    assert err.value.state is not State.COMPLETE
+
+
+def test_read_returns_nothing_where_the_listing_differs(target: Target) -> None:
+    """`read` checks the listing while tensorstore reads the chunks, and returns the values
+    only if it matched: a chunk lost from an array with chunks left out as fill value
+    (whose reads cannot tell a lost chunk from one left out) is never fill values."""
+    url = target.url("arr")
+    data = values(20)
+    data[0:10, 0:10] = 0
+    dts.write(url, data, chunks=[10, 10], storage_options=target.options,
+              spec={"store_data_equal_to_fill_value": False})
+    target.raw_delete("arr/c/1/1")
+    # What plain tensorstore makes of it: the lost chunk is fill values.
+    assert (target.plain_open("arr", ts.Context()).read().result()[10:20, 10:20] == 0).all()
+    for _ in range(2):  # the first read of this commit in this process, and a later one
+        with pytest.raises(IntegrityError, match=r"c/1/1: missing"):
+            dts.read(url, storage_options=target.options)
+
+
+def test_a_rewrite_during_a_read_is_refused_never_a_mix(s3_bucket: Bucket) -> None:
+    """Another process rewrites the array while its chunks are being read: a handle's read
+    returns chunks of the new commit under the old one's open (a mix: tensorstore cannot
+    pin an array to one version of every chunk); `read` checks the commit after the last
+    chunk and refuses."""
+    url = s3_bucket.path("arr")
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)
+
+    def rewritten_at_the_first_chunk(how: Any) -> Any:
+        child = TsChild(url, "overwrite", 2, 20, s3_bucket.storage_options)
+        hooked: list[bool] = []
+
+        def rewrite_now(info: faults.RequestInfo) -> bool:
+            if info.method == "GET" and "/arr/c/" in info.path and not hooked:
+                hooked.append(True)
+                child.finish()  # recommitted with 2 before this chunk is read
+            return False
+
+        with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+            proxy.add(faults.delay(0, match=Match(where=rewrite_now)))
+            try:
+                return how({**s3_bucket.storage_options, "endpoint_url": proxy.url})
+            finally:
+                assert hooked
+
+    handle = rewritten_at_the_first_chunk(
+        lambda via: dts.open(url, storage_options=via).read().result())
+    assert 2.0 in set(np.unique(handle))  # the commit opened held only 1
+    with pytest.raises(IncompleteError, match="rewritten while it was being read"):
+        rewritten_at_the_first_chunk(lambda via: dts.read(url, storage_options=via))
+    assert (dts.read(url, storage_options=s3_bucket.storage_options) == 2).all()
+
+
 # ------------------------------------------------------------------ ETags tensorstore can't use
 @pytest.fixture
 def proxy(s3_bucket: Bucket) -> Iterator[FaultProxy]:

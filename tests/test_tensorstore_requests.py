@@ -90,6 +90,10 @@ def test_a_write_adds_a_fixed_number_of_requests(
     got = dts.open(url, storage_options=options).read().result()
     assert (got == DATA).all()
     assert _counts(proxy) == ({"GET": 24}, {"GET": 2})
+    # `read`: the same, and the marker once more after the last chunk (the commit still
+    # the one read: no rewrite began meanwhile, so the values are all of one commit).
+    assert (dts.read(url, storage_options=options) == DATA).all()
+    assert _counts(proxy) == ({"GET": 24}, {"GET": 3})
     # Without the codec, a read does not check its chunk: every open lists.
     bare = s3_bucket.path("bare")
     dts.write(bare, DATA, chunks=[10, 10], storage_options=options, checksum_codec=False)

@@ -18,6 +18,10 @@ Cloudflare R2, whose ETags tensorstore cannot use, re-opening died with the opaq
   to the time this process first saw the current commit, so a shared ``cache_pool`` keeps
   serving unchanged data without a request, but nothing cached before the commit (old data,
   old metadata, or a rewrite in progress) is served without a conditional re-read.
+- `read` is `open` and a read in one call, returning NumPy values only if the commit is
+  still the one opened after the last chunk was read (all of one commit, which a handle
+  kept across another process's rewrite cannot promise), its listing checked beside the
+  chunks' reads.
 - Stores whose ETags/generations tensorstore cannot revalidate with are found by a probe,
   once per endpoint and process: one byte of an object (the marker, or a probe object a
   writer puts beside the records) read through tensorstore, then read again conditionally
@@ -105,6 +109,7 @@ __all__ = [
     "entry_for",
     "kvstore_spec",
     "open",
+    "read",
     "write",
     "writing",
 ]
@@ -816,11 +821,25 @@ def _sharded_reads_work(place: Place, found: Any, store: ts.TensorStore, marker:
             "Unsharded arrays read there, with a cache private to each handle") from None
 
 
-def _rewritten(entry: Entry, marker: Marker, after: str | None) -> IncompleteError:
+def _rewritten(entry: Entry, marker: Marker, after: str | None,
+               doing: str = "opened") -> IncompleteError:
+    again = "open" if doing == "opened" else doing
     return IncompleteError(
-        f"{entry.url} was rewritten while it was being opened (commit {marker.attempt} "
+        f"{entry.url} was rewritten while it was being {doing} (commit {marker.attempt} "
         f"verified, {'no commit' if after is None else 'commit ' + after} after the "
-        "open); open it again", url=entry.url, state=State.INCOMPLETE)
+        f"{again}); {again} it again", url=entry.url, state=State.INCOMPLETE)
+
+
+def _unchanged(place: Place, marker: Marker, seen: _Seen | None, doing: str) -> None:
+    """IncompleteError unless the entry's marker is still commit ``marker`` (the very
+    bytes ``seen`` holds, where known: compared, not decoded)."""
+    if seen is not None:
+        with contextlib.suppress(ValueError):  # unreadable now: told by the attempt below
+            if place.read(place.entry.layout.marker, MAX_MARKER_BYTES) == seen.data:
+                return
+    after = _attempt_now(place)
+    if after != marker.attempt:
+        raise _rewritten(place.entry, marker, after, doing)
 
 
 def _private(context: ts.Context) -> ts.Context:
@@ -868,6 +887,41 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
     if write or not read:
         raise ValueError(f"{url}: durable.tensorstore.open reads only; change an entry "
                          "with durable.tensorstore.writing(url, update=True)")
+    store: ts.TensorStore = _open(url, storage_options, context, path, deep, spec,
+                                  on_unusable_etags, kwargs, _HANDLE)
+    return store
+
+
+def read(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+         context: ts.Context | None = None, path: str = "", index: Any = None,
+         deep: bool = False, spec: dict[str, Any] | None = None,
+         on_unusable_etags: Literal["private_cache", "error"] = "private_cache",
+         **kwargs: Any) -> Any:
+    """The values of the zarr3 array at ``path`` in the COMPLETE entry ``url`` (``index``:
+    of ``array[index]``, any tensorstore index expression) as a NumPy array, all of one
+    commit.
+
+    What `open` then ``.read().result()`` returns, with the same checks, and two more
+    things a handle cannot give: the values are returned only if the entry's commit is
+    still the one opened once they are all read (IncompleteError otherwise: a rewrite
+    began meanwhile and the values could mix two commits), and the listing `open` checks
+    before handing over a handle (at the first open of a commit in this process) is
+    checked here while tensorstore reads the chunks, not before. Nothing is returned
+    unless every check passed. Arguments as for `open`.
+    """
+    return _open(url, storage_options, context, path, deep, spec, on_unusable_etags,
+                 kwargs, index)
+
+
+#: `_open`'s ``index`` for a handle (`open`), not values (`read`).
+_HANDLE: Any = object()
+
+
+def _open(url: str | os.PathLike[str], storage_options: dict[str, Any] | None,
+          context: ts.Context | None, path: str, deep: bool, spec: dict[str, Any] | None,
+          on_unusable_etags: str, kwargs: dict[str, Any], index: Any) -> Any:
+    """`open` (``index`` `_HANDLE`: the handle) or `read` (the values of ``array[index]``,
+    read beside the listing's check and returned once the commit is seen unchanged)."""
     place = Place.of(url, storage_options)
     entry = place.entry
     ctx = context if context is not None else ts.Context()
@@ -936,8 +990,18 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
                 # index do: every read of the array fails on a damaged one.
                 every_read_checked = is_codeword(meta) or shard_layout(meta) is not None
         opening = ts.open(full, context=ctx, read=True, write=False, **recheck, **kwargs)
+        reading = None
         try:
-            # The handle is handed over only once both are done.
+            if index is not _HANDLE:
+                # `read`: the chunks are read while the checks below run (on a store's
+                # round trips and tensorstore's threads); their values are returned only
+                # once the checks passed and the commit is seen unchanged after them.
+                store = opening.result()
+                if not found.usable and doc is not None:
+                    _sharded_reads_work(place, found, store, marker, key,
+                                        full.get("metadata"))
+                reading = (store if index is None else store[index]).read()
+            # The handle (or the values) is handed over only once both are done.
             if deep:
                 entry.verify(deep=True)
             elif not (every_read_checked and seen is not None and seen.listed):
@@ -958,10 +1022,20 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
             # and on a large array it is many round trips per open.
         except BaseException:
             opening.cancel()
+            if reading is not None:
+                reading.cancel()
             raise
         if seen is not None:
             seen.listed = True
         store = opening.result()
+    if reading is not None:
+        values = reading.result()
+        # Every value read: if the marker is still this commit's, no rewrite began before
+        # the last of them was read (a rewrite removes the marker before it changes
+        # anything, and a marker never comes back), so they are all of this commit. A
+        # handle cannot say so: its reads after a rewrite began can mix two commits.
+        _unchanged(place, marker, seen, "read")
+        return values
     if not found.usable and doc is not None:
         _sharded_reads_work(place, found, store, marker, key, full.get("metadata"))
     if doc is not None:
@@ -970,7 +1044,5 @@ def open(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
     # it changes anything, and a marker never comes back: the same commit's marker after
     # the open means no rewrite started before it, so that metadata is this commit's (the
     # listing, taken beside the first read, cannot say so: one GET more per such open).
-    after = _attempt_now(place)
-    if after != marker.attempt:
-        raise _rewritten(entry, marker, after)
+    _unchanged(place, marker, None, "opened")
     return store
