@@ -1355,14 +1355,13 @@ def refuse_leased(entry: Entry, doing: str, force_with: str) -> None:
 
 
 def remove_records(adapter: Adapter, layout: Layout) -> None:
-    """Remove an entry's records directory; where it holds a lease, under the lock every
-    renewal of that lease takes (`Adapter.exclusive`: on a local disk, for its version
-    check and its rename). Taken between the two, the removal was lost: the rename put the
-    lease back and its holder went on, held, into a removed entry (or the renewal failed
-    on its vanished temp file, an OSError, not "lease lost")."""
-    if adapter.info(layout.lease) is None:
-        adapter.delete_prefix(layout.records)  # no lease: no lock file made for nothing
-        return
+    """Remove an entry's records directory under the lock every renewal of its lease
+    takes (`Adapter.exclusive`: on a local disk, for its version check and its rename).
+    Taken between the two, the removal was lost: the rename put the lease back and its
+    holder went on, held, into a removed entry (or the renewal failed on its vanished temp
+    file, an OSError, not "lease lost"). Taken even with no lease there: on a local disk
+    its release removes the lock's sidecar with the records (a committed entry's, left
+    by its commit, outlived the entry)."""
     with adapter.exclusive(layout.lease):
         adapter.delete_prefix(layout.records)
 
