@@ -1073,14 +1073,17 @@ class EntryWriter:
             raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a name "
                              f"with {TMP_MARK!r} is one of durable's temp files, which the "
                              "commit removes as a killed writer's leftovers; rename it")
-        head, sep, rest = key.partition("/")
-        if sep and self.entry.adapter.through_link(f"{self.path}/{head}", rest):
-            # A directory of the entry that is a symlink (left there before a resume) would
+        if self.entry.adapter.through_link(self.path, key):
+            # The entry's folder swapped for a symlink since the start (which refused one),
+            # or a directory of the entry that is one (left there before a resume), would
             # take the object outside the entry; the commit, whose listing never follows a
             # link, then refused it as "gone at commit", and the bytes stayed out there.
-            raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a directory "
-                             "on its way is a symlink; durable writes nothing through a link "
-                             "(it could point outside the entry)")
+            where = self.entry.adapter.url(f"{self.path}/{key}")
+            linked = self.entry.linked_entry()
+            if linked is not None:  # the error `status` raises for it, naming the object
+                raise _LinkedRecords(f"{where}: not written: {linked}", url=self.url)
+            raise ValueError(f"{where}: a directory on its way is a symlink; durable writes "
+                             "nothing through a link (it could point outside the entry)")
         self._listing = None  # taken before this write: no longer the whole entry
         with self._lock:
             # Written again: an fsync started before covers the old bytes, not these.
