@@ -60,7 +60,6 @@ _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
 
 
-_IN_PROCESS = frozenset({"file", "local", "memory"})  # adapters with no round trip
 # Two attempt records this close (by the store's clock) are two writers that started at
 # the same moment: both refused, and each may try once more after a random pause.
 _RACE_WINDOW = 5.0
@@ -322,7 +321,7 @@ class Entry:
             # which a writer does not expect). Local disk and memory answer in
             # microseconds: a thread would cost more than it saves.
             data: bool | None = None
-            if set(self.adapter.protocols) & _IN_PROCESS:
+            if self.adapter.capabilities.in_process:
                 records = self.adapter.list(self.layout.records)
             else:
                 with ThreadPoolExecutor(1) as pool:
@@ -907,7 +906,7 @@ class Entry:
                 self.adapter.prune(pruned)
 
         background.later(tidy, f"{self.url}: removing the committed attempt's records",
-                         now=bool(set(self.adapter.protocols) & _IN_PROCESS))
+                         now=self.adapter.capabilities.in_process)
         return marker
 
     def _reconcile(self, writer: EntryWriter, recorded: dict[str, ObjectRecord],
@@ -1289,7 +1288,7 @@ def committed_above(adapter: Adapter, path: str) -> Entry | None:
             return exc
 
     found: Iterable[Marker | MarkerError | None] = map(read, above)  # lazy: nearest first
-    if len(above) > 1 and not set(adapter.protocols) & _IN_PROCESS:
+    if len(above) > 1 and not adapter.capabilities.in_process:
         with ThreadPoolExecutor(min(len(above), _WORKERS)) as pool:
             found = list(pool.map(read, above))
     for entry, marker in zip(above, found, strict=True):
@@ -1324,7 +1323,7 @@ def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
     """EntryExistsError, naming both, if ``path`` lies inside a committed entry: ``doing``
     (writing, removing) there would change data its marker still vouches for, and the
     entry would say COMPLETE over other bytes, or over objects gone."""
-    remote = not set(adapter.protocols) & _IN_PROCESS
+    remote = not adapter.capabilities.in_process
     folder = (id(adapter.fs), path.rstrip("/").rpartition("/")[0])
     seen = _SEEN_CLEAR.get(folder) if remote else None
     if seen is not None and seen[0] is adapter.fs and time.monotonic() - seen[1] < _CLEAR_FOR:

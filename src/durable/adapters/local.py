@@ -458,7 +458,7 @@ class LocalAdapter(Adapter):
         atomic_objects=True, create_only=True, durable=True, pinned_reads=True,
         note="temp file in the same directory, fsync, rename/link, directory fsync; "
              "conditional writes under a lockf lock on a sidecar file",
-        conditional_writes=True,
+        conditional_writes=True, in_process=True,
     )
 
     def open_atomic(self, path: str, *, create_only: bool = False,
