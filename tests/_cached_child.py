@@ -172,6 +172,19 @@ def renewing_holder(url: str, n_rounds: int, held: Any, removed: Any, out: Any,
         go.get(timeout=60)
 
 
+def lock_taker(path: str, out: Any, go: Any) -> None:
+    """Take the local disk's lock guarding ``path`` (a multiprocessing child), put the
+    inode of the lock file it holds, and hold it until ``go``."""
+    from durable.adapters import resolve
+    from durable.adapters.local import _cas_locks, _lock_path
+
+    with resolve(path)[0].exclusive(path):
+        fd = _cas_locks[_lock_path(path)].fd
+        assert fd is not None
+        out.put(os.fstat(fd).st_ino)
+        go.get(timeout=60)
+
+
 def _hold(root: str, options: dict[str, Any], x: int, where: str) -> None:
     global ON_COMPUTE, ON_WRITE, WRAP
     if where == "compute":

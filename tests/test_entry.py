@@ -25,6 +25,7 @@ from durable import (
     IncompleteError,
     IncompleteExistsError,
     IntegrityError,
+    MarkerError,
     State,
     read_verified,
 )
@@ -545,6 +546,34 @@ def test_nothing_is_written_through_a_symlinked_directory(
         w.write_bytes("kept", b"inside")
     assert os.listdir(outside) == []
     assert e.state() is State.COMPLETE
+
+
+def test_nothing_is_written_through_an_entry_swapped_for_a_symlink(
+        tmp_path: os.PathLike[str]) -> None:
+    """The entry's folder itself swapped for a symlink while a writer writes (`writing()`
+    refuses one at the start, in every mode, as `status` does): each object was written
+    wherever the link pointed (only directories inside the entry were looked at), and the
+    commit, whose listing never follows a link, refused them as "gone at commit", leaving
+    them out there. Now each write is refused with the error status raises for such an
+    entry; nothing lands outside."""
+    root = os.path.realpath(tmp_path)
+    outside = os.path.join(root, "outside")
+    os.makedirs(outside)
+    e = Entry(os.path.join(root, "ent"))
+    with pytest.raises(IntegrityError, match="gone at commit"), e.writing() as w:
+        w.write_bytes("first", b"inside")
+        os.rename(e.path, os.path.join(root, "moved"))
+        os.symlink(outside, e.path)
+        for key, write in (("top", lambda: w.write_bytes("top", b"x")),
+                           ("c/0", lambda: w.write_bytes("c/0", b"x")),
+                           ("c/1", lambda: w.fs.pipe_file(f"{w.path}/c/1", b"x"))):
+            with pytest.raises(MarkerError) as refused:
+                write()
+            assert isinstance(refused.value, ValueError)
+            assert str(refused.value).startswith(f"{e.url}/{key}: not written: {e.url} is "
+                                                 "a symlink, which durable never follows")
+    assert os.listdir(outside) == []
+    assert os.listdir(os.path.join(root, "moved")) == ["first"]
 
 
 def test_writing_outside_the_entry_is_refused(place: Place) -> None:

@@ -785,6 +785,87 @@ def test_a_symlink_at_the_lock_files_path_is_never_followed(local: Place) -> Non
     assert not os.path.lexists(outside)
 
 
+def test_a_lock_sidecar_goes_with_what_it_guards(local: Place) -> None:
+    """Conditional writes on a local disk lock a sidecar beside the records directory
+    (``.durable/NAME.durable-lock``). It was never removed: a writer that gave up, or an
+    entry deleted, left it in the records folder for good. It stays only beside records."""
+    from durable.adapters.local import _lock_path
+
+    entry = local.entry()
+    lock = _lock_path(entry.layout.lease)
+    folder = os.path.dirname(lock)
+    with local.lease() as lease, pytest.raises(ZeroDivisionError), \
+            entry.writing(lease=lease) as w:
+        w.write_bytes("x", b"1")
+        lease.renew()  # a conditional write: under the lock
+        assert os.path.exists(lock)
+        _ = 1 / 0
+    assert os.listdir(folder) == []  # the writer gave up: nothing of it
+    with local.lease() as lease, entry.writing(lease=lease) as w:
+        w.write_bytes("x", b"1")
+    assert sorted(os.listdir(folder)) == sorted([os.path.basename(lock), "ent"])
+    entry.delete()
+    assert os.listdir(folder) == []
+
+
+def test_a_taker_that_waited_on_a_removed_lock_file_locks_the_one_at_its_path(
+        local: Place) -> None:
+    """A lock file is unlinked by its holder when what it guards is gone. A process that
+    opened it before, and waited, then got the lock of a file no other taker opens any
+    more: a third would create a new one and lock it too, two holders at once. A taker
+    that holds a file the path no longer names starts over. Real processes: this one
+    holds the lock while another waits on the file, empties the folder and lets go."""
+    import errno
+    import fcntl
+
+    from durable.adapters.local import _lock_path
+
+    entry = local.entry()
+    lease = entry.layout.lease
+    adapter, _ = resolve(lease)
+    os.makedirs(os.path.dirname(lease))
+    Path(lease).write_bytes(b"guarded")
+    lock = _lock_path(lease)
+    ctx = forkserver()
+    out, go = ctx.Queue(), ctx.Queue()
+    with adapter.exclusive(lease):
+        taker = ctx.Process(target=_cached_child.lock_taker, args=(lease, out, go))
+        taker.start()
+        try:
+            def waits_on_it() -> bool:
+                with contextlib.suppress(OSError):  # a descriptor closed meanwhile
+                    fds = os.listdir(f"/proc/{taker.pid}/fd")
+                    return any(os.readlink(f"/proc/{taker.pid}/fd/{fd}") == lock
+                               for fd in fds)
+                return False
+
+            wait_for(waits_on_it, "the other process opening the lock file")
+            unlinked = os.stat(lock).st_ino
+            os.unlink(lease)  # nothing left to guard: the lock file goes at the release
+        except BaseException:
+            taker.kill()
+            raise
+    try:
+        held = out.get(timeout=60)
+        assert not os.path.exists(os.path.dirname(lease)) or not os.listdir(
+            os.path.dirname(lease))
+        assert os.stat(lock).st_ino == held != unlinked  # the file at the path is its
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(OSError) as refused:  # and locks out a third taker
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert refused.value.errno in (errno.EAGAIN, errno.EACCES)
+        finally:
+            os.close(fd)
+    finally:
+        go.put(1)
+        taker.join(timeout=60)
+        if taker.is_alive():
+            taker.kill()
+    assert taker.exitcode == 0
+    assert not os.path.exists(lock)  # its holder let go of an empty folder: gone too
+
+
 # what a lease's body states ---------------------------------------------------------------
 # id: (the body's stale_after as JSON text, whether it is capped rather than ignored)
 _STATED = {"huge": ("1e12", True), "integer-too-large-for-a-float": ("1" + "0" * 400, True),

@@ -560,11 +560,9 @@ def check_clean(store: Store, *, dry_run: bool = True) -> None:
                if kind == "temp"}
     live_leases = {f".durable/{n}/lease.json" for n in names("live", sizes)}
     # On a disk a stale lease is removed under its lock (a renewal falling in between put
-    # it back): its sidecar stays, as every lock sidecar does (durable's, never data).
-    locks = {f".durable/{n}.durable-lock" for n in names("stale", sizes)} - before.keys() \
-        if store.kind == "file" else set()
-    assert after.keys() == (before.keys() - doomed) | locks
-    assert {k: v for k, v in after.items() if k not in live_leases | locks} == {
+    # it back), whose sidecar (``.durable/NAME.durable-lock``) goes with it: nothing more.
+    assert after.keys() == before.keys() - doomed
+    assert {k: v for k, v in after.items() if k not in live_leases} == {
         k: v for k, v in before.items() if k not in doomed | live_leases}
 
 
@@ -1065,9 +1063,10 @@ if __name__ == "__main__":
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")
 
 
-def test_lock_sidecars_left_by_a_cleared_cache_are_not_data(tmp_path: Path) -> None:
-    # Local conditional writes (leases) keep a `.durable/NAME.durable-lock` sidecar that
-    # outlives the entry: a scan must not report it, nor mark-complete adopt it.
+def test_a_lock_sidecar_is_never_data_and_goes_with_its_entry(tmp_path: Path) -> None:
+    """Local conditional writes (leases) lock a `.durable/NAME.durable-lock` sidecar. Beside
+    a committed entry it is durable's, not data: a scan must not report it, nor
+    mark-complete adopt it. It goes with the entry: `clear()` left it for good."""
     import durable
     from durable._scan import scan
 
@@ -1078,10 +1077,61 @@ def test_lock_sidecars_left_by_a_cleared_cache_are_not_data(tmp_path: Path) -> N
         return x + 1
 
     assert f(1) == 2
+    assert list((tmp_path / "cache").rglob("*.durable-lock")), "the commit's lock sidecar"
+    assert [r.state for r in scan(root)] == ["COMPLETE"]
     f.clear(1)
-    locks = list((tmp_path / "cache").rglob("*.durable-lock"))
-    assert locks, "the lease's lock sidecar is expected to outlive the entry"
+    assert list((tmp_path / "cache").rglob("*.durable-lock")) == []
     assert scan(root) == []
+
+
+def test_clean_leaves_nothing_of_an_abandoned_entry_in_the_records_folder(
+        tmp_path: Path) -> None:
+    """A clean of a dead writer's entry removed its data and records, and left the lock
+    sidecar its lease's removal took (``.durable/NAME.durable-lock``), for good: the
+    records folder never emptied, and `durable status` of the folder (data written before
+    durable) then hinted at entries inside it ("a root?") that were no more."""
+    from durable import Entry, Lease, State
+
+    folder = tmp_path / "folder"
+    store = LocalStore(os.path.realpath(folder))
+    store.write("data.bin", b"written before durable")
+    url = store.url("ent.zarr")
+    dead = Lease(url, heartbeat=0.05, stale_after=0.3).acquire()
+    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
+    killed.__enter__().write_bytes("c/0", b"dead writer's")
+    dead.renew()
+    dead._stop.set()  # killed: no more renewals
+    assert dead._thread is not None
+    dead._thread.join()
+    assert (folder / ".durable" / "ent.zarr.durable-lock").exists()
+
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    assert code == 0 and [(i["url"], i["status"]) for i in doc["items"]] == [
+        (store.canonical("ent.zarr"), "removed")]
+    assert Entry(url).state() is State.ABSENT
+    assert sorted(os.listdir(folder)) == [".durable", "data.bin"]
+    assert os.listdir(folder / ".durable") == []
+    code, doc = run(store, "status", store.url())
+    assert doc["state"] == "INCOMPLETE"
+    assert doc["reason"] == "data present but no commit marker"  # no "a root?"
+
+
+def test_a_lock_sidecar_left_by_an_earlier_durable_is_nothing_odd(tmp_path: Path) -> None:
+    """An earlier durable never removed a lock sidecar: one outlives its entry in folders
+    written before. `status` of an entry holding one (in a folder of its data) hinted at
+    entries inside it ("a root?"), and `verify` took the entry for a root of entries."""
+    store = LocalStore(os.path.realpath(tmp_path / "ent"))
+    store.write("sub/a.bin", b"data")
+    store.write(".durable/gone.durable-lock", b"")
+    code, doc = run(store, "status", store.url())
+    assert doc["state"] == "INCOMPLETE"
+    assert doc["reason"] == "data present but no commit marker"
+    code, doc = run(store, "verify", store.url())
+    assert code == 3 and doc["state"] == "INCOMPLETE"
+    assert doc.get("url") == f"file://{store.root}", doc  # one entry, not a root
+    code, doc = run(store, "scan", store.url())
+    assert [(e["url"], e["state"]) for e in doc["entries"]] == [
+        (store.canonical("sub"), "INCOMPLETE")]
 
 
 # A process killed inside LocalAdapter.delete_if, after it renamed the object aside and

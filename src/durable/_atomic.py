@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
-from durable._entry import _IN_PROCESS, refuse_inside_committed
+from durable._entry import refuse_inside_committed
 from durable._errors import EntryExistsError, IntegrityError, MarkerError
 from durable._protocol import (
     MAX_MARKER_BYTES,
@@ -94,7 +94,7 @@ def atomic_write(
     # Complete; parts sent meanwhile are aborted): a refusal still leaves no object, and a
     # write does not wait a round trip for it before its first byte.
     looked: Future[None] | None = None
-    if set(adapter.protocols) & _IN_PROCESS:
+    if adapter.capabilities.in_process:
         refuse_inside_committed(adapter, path, "writing")
     else:
         pool = ThreadPoolExecutor(1, thread_name_prefix="durable-look-above")

@@ -60,7 +60,6 @@ _READ_BLOCK = 8 * 1024 * 1024
 _WORKERS = 8
 
 
-_IN_PROCESS = frozenset({"file", "local", "memory"})  # adapters with no round trip
 # Two attempt records this close (by the store's clock) are two writers that started at
 # the same moment: both refused, and each may try once more after a random pause.
 _RACE_WINDOW = 5.0
@@ -322,7 +321,7 @@ class Entry:
             # which a writer does not expect). Local disk and memory answer in
             # microseconds: a thread would cost more than it saves.
             data: bool | None = None
-            if set(self.adapter.protocols) & _IN_PROCESS:
+            if self.adapter.capabilities.in_process:
                 records = self.adapter.list(self.layout.records)
             else:
                 with ThreadPoolExecutor(1) as pool:
@@ -907,7 +906,7 @@ class Entry:
                 self.adapter.prune(pruned)
 
         background.later(tidy, f"{self.url}: removing the committed attempt's records",
-                         now=bool(set(self.adapter.protocols) & _IN_PROCESS))
+                         now=self.adapter.capabilities.in_process)
         return marker
 
     def _reconcile(self, writer: EntryWriter, recorded: dict[str, ObjectRecord],
@@ -1073,14 +1072,17 @@ class EntryWriter:
             raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a name "
                              f"with {TMP_MARK!r} is one of durable's temp files, which the "
                              "commit removes as a killed writer's leftovers; rename it")
-        head, sep, rest = key.partition("/")
-        if sep and self.entry.adapter.through_link(f"{self.path}/{head}", rest):
-            # A directory of the entry that is a symlink (left there before a resume) would
+        if self.entry.adapter.through_link(self.path, key):
+            # The entry's folder swapped for a symlink since the start (which refused one),
+            # or a directory of the entry that is one (left there before a resume), would
             # take the object outside the entry; the commit, whose listing never follows a
             # link, then refused it as "gone at commit", and the bytes stayed out there.
-            raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a directory "
-                             "on its way is a symlink; durable writes nothing through a link "
-                             "(it could point outside the entry)")
+            where = self.entry.adapter.url(f"{self.path}/{key}")
+            linked = self.entry.linked_entry()
+            if linked is not None:  # the error `status` raises for it, naming the object
+                raise _LinkedRecords(f"{where}: not written: {linked}", url=self.url)
+            raise ValueError(f"{where}: a directory on its way is a symlink; durable writes "
+                             "nothing through a link (it could point outside the entry)")
         self._listing = None  # taken before this write: no longer the whole entry
         with self._lock:
             # Written again: an fsync started before covers the old bytes, not these.
@@ -1286,7 +1288,7 @@ def committed_above(adapter: Adapter, path: str) -> Entry | None:
             return exc
 
     found: Iterable[Marker | MarkerError | None] = map(read, above)  # lazy: nearest first
-    if len(above) > 1 and not set(adapter.protocols) & _IN_PROCESS:
+    if len(above) > 1 and not adapter.capabilities.in_process:
         with ThreadPoolExecutor(min(len(above), _WORKERS)) as pool:
             found = list(pool.map(read, above))
     for entry, marker in zip(above, found, strict=True):
@@ -1321,7 +1323,7 @@ def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
     """EntryExistsError, naming both, if ``path`` lies inside a committed entry: ``doing``
     (writing, removing) there would change data its marker still vouches for, and the
     entry would say COMPLETE over other bytes, or over objects gone."""
-    remote = not set(adapter.protocols) & _IN_PROCESS
+    remote = not adapter.capabilities.in_process
     folder = (id(adapter.fs), path.rstrip("/").rpartition("/")[0])
     seen = _SEEN_CLEAR.get(folder) if remote else None
     if seen is not None and seen[0] is adapter.fs and time.monotonic() - seen[1] < _CLEAR_FOR:
@@ -1355,14 +1357,13 @@ def refuse_leased(entry: Entry, doing: str, force_with: str) -> None:
 
 
 def remove_records(adapter: Adapter, layout: Layout) -> None:
-    """Remove an entry's records directory; where it holds a lease, under the lock every
-    renewal of that lease takes (`Adapter.exclusive`: on a local disk, for its version
-    check and its rename). Taken between the two, the removal was lost: the rename put the
-    lease back and its holder went on, held, into a removed entry (or the renewal failed
-    on its vanished temp file, an OSError, not "lease lost")."""
-    if adapter.info(layout.lease) is None:
-        adapter.delete_prefix(layout.records)  # no lease: no lock file made for nothing
-        return
+    """Remove an entry's records directory under the lock every renewal of its lease
+    takes (`Adapter.exclusive`: on a local disk, for its version check and its rename).
+    Taken between the two, the removal was lost: the rename put the lease back and its
+    holder went on, held, into a removed entry (or the renewal failed on its vanished temp
+    file, an OSError, not "lease lost"). Taken even with no lease there: on a local disk
+    its release removes the lock's sidecar with the records (a committed entry's, left
+    by its commit, outlived the entry)."""
     with adapter.exclusive(layout.lease):
         adapter.delete_prefix(layout.records)
 

@@ -18,7 +18,6 @@ must read data (a deep verify, an adoption).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -818,9 +817,9 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     # landing in whatever entry the next writer starts. (Checked by this listing, one
     # round trip before the delete, where the data's removal took many.)
     # Under the lease's lock (`remove_records`'s reason): a renewal of a lease judged
-    # stale, between its check and its rename, would put it back after the delete.
-    locked = a.exclusive(layout.lease) if LEASE_NAME in item.expect else None
-    with locked or contextlib.nullcontext():
+    # stale, between its check and its rename, would put it back after the delete. (With
+    # no lease too: on a local disk the lock's sidecar goes with the records it guarded.)
+    with a.exclusive(layout.lease):
         listed = a.list(layout.records)
         planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
         a.delete([i.path for i in planned.values()])

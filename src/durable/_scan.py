@@ -86,8 +86,9 @@ from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters.local import DEL_MARK, LOCK_SUFFIX, TMP_MARK
 
 __all__ = ["EntryFound", "LeaseSeen", "Records", "ScanRow", "ScanState", "Stat", "Survey",
-           "entry_age", "mismatch_reason", "read_records", "scan", "scan_survey",
-           "size_mismatches", "split_recorded", "stat_objects", "survey"]
+           "entry_age", "holds_records", "is_lock_sidecar", "mismatch_reason",
+           "read_records", "scan", "scan_survey", "size_mismatches", "split_recorded",
+           "stat_objects", "survey"]
 
 ScanState = Literal["COMPLETE", "INCOMPLETE", "ERROR"]
 AgeClock = Literal["writer", "store"]
@@ -345,6 +346,26 @@ class Records:
     lease: LeaseSeen | None = None
 
 
+def is_lock_sidecar(key: str) -> bool:
+    """A lock sidecar of local conditional writes (``.durable/NAME.durable-lock``):
+    durable's, never anyone's data nor an entry's records. One stays beside a committed
+    entry's records as long as they are there (one left by an earlier durable, which never
+    removed them, outlives them)."""
+    return key.endswith(LOCK_SUFFIX) and f"{RECORDS_DIR}/" in f"/{key}"
+
+
+def holds_records(adapter: Adapter, folder: str) -> bool:
+    """Whether ``folder``'s records directory holds records of some entry: neither an
+    emptied one (a disk's, after its last entry was cleaned or deleted) nor one holding
+    lock sidecars alone counts."""
+    records = f"{folder.rstrip('/')}/{RECORDS_DIR}"
+    if not adapter.exists(records):
+        return False
+    if adapter.not_an_object(records) != "a directory":
+        return True  # a prefix of a store is there only while objects are: no request more
+    return any(not is_lock_sidecar(f"{RECORDS_DIR}/{k}") for k in adapter.list(records))
+
+
 def survey(adapter: Adapter, path: str, *,
            listing: dict[str, ObjectInfo] | None = None) -> Survey:
     """One listing of the root ``path`` (and of the root's own records): the entries in it.
@@ -355,10 +376,7 @@ def survey(adapter: Adapter, path: str, *,
     path = path.rstrip("/") or path
     if listing is None:
         listing = adapter.list(path)
-    # Lock sidecars of local conditional writes (``.durable/NAME.durable-lock``) belong to
-    # durable's records, not to anyone's data: they outlive the entries they guarded.
-    listing = {k: i for k, i in listing.items()
-               if not (k.endswith(LOCK_SUFFIX) and f"{RECORDS_DIR}/" in f"/{k}")}
+    listing = {k: i for k, i in listing.items() if not is_lock_sidecar(k)}
     entries: dict[str, EntryFound] = {}
     root_records = _root_records(adapter, path)
     if root_records:

@@ -220,7 +220,8 @@ class MemoryKvAdapter(Adapter):
     protocols = ("memory",)
     capabilities = Capabilities(
         atomic_objects=True, create_only=True, durable=False, pinned_reads=True,
-        note="tensorstore's in-process memory kvstore: one process, gone at exit")
+        note="tensorstore's in-process memory kvstore: one process, gone at exit",
+        in_process=True)
 
     def __init__(self) -> None:
         super().__init__(_MemoryPaths())

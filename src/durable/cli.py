@@ -153,6 +153,8 @@ from durable._scan import (
     Records,
     ScanRow,
     Survey,
+    holds_records,
+    is_lock_sidecar,
     mismatch_reason,
     scan_survey,
     size_mismatches,
@@ -525,7 +527,7 @@ def status(ctx: click.Context, url: str, as_json: bool) -> None:
     st = _listed(entry, entry.status())
     holder, st = _part_of(entry, st) or (None, st)
     if (holder is None and st.state is State.INCOMPLETE and st.marker is None
-            and entry.adapter.exists(f"{entry.path.rstrip('/')}/{RECORDS_DIR}")):
+            and holds_records(entry.adapter, entry.path)):
         # A folder of entries (`status ROOT`) read as one entry written without durable:
         # "data present but no commit marker" alone sent operators to mark-complete it.
         st = Status(State.INCOMPLETE, f"{st.reason}; entries with records of their own "
@@ -582,7 +584,8 @@ def _root_or_entry(ctx: click.Context, url: str) -> tuple[Survey, dict[str, Reco
     if layout is not None and adapter.info(layout.marker) is not None:
         return None
     listing = adapter.list(path)
-    if layout is None or any(RECORDS_DIR in k.split("/")[:-1] for k in listing):
+    if layout is None or any(RECORDS_DIR in k.split("/")[:-1] and not is_lock_sidecar(k)
+                             for k in listing):
         return survey(adapter, path, listing=listing), {}
     if not listing or not adapter.capabilities.object_records:
         return None  # no entry below: URL is an entry that is INCOMPLETE or ABSENT

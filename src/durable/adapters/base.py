@@ -84,6 +84,10 @@ class Capabilities:
     object_records: bool = False
     """A single object published by one request can carry its durable record in its own
     metadata (`AtomicFile.carries_record`), and stats return it (`ObjectInfo.record`)."""
+    in_process: bool = False
+    """Every call is served in this process with no network round trip (a local disk,
+    memory): a look that overlaps work with a thread only adds a hand-off, and an answer
+    seen a moment ago is no cheaper to keep than to ask for again."""
 
 
 class VersionMismatchError(OSError):

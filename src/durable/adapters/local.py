@@ -11,8 +11,20 @@ is opened and fstat-ed (on NFS, an open revalidates the attributes: close-to-ope
 consistency), its version compared, and the new bytes renamed into place; a conditional
 delete renames the object aside and compares the version of what it took (plain deletes
 and writes take no lock: one landing after the check is never removed). The lock dies
-with its process (a SIGKILLed holder frees it), and the sidecar is never removed (removing
-a lock file races with processes waiting on the old inode).
+with its process (a SIGKILLed holder frees it).
+
+The sidecar goes with what it guards: a holder releasing it while ``DIR`` holds no file
+(gone, or emptied: the entry cleaned or deleted, its last writer gone) unlinks it first,
+so no ``NAME.durable-lock`` outlives its entry. Unlinked only while held, and every taker,
+once it holds the file it opened, checks that the path still names that file, and starts
+over if not: a process that waited on the unlinked file would otherwise go on holding it
+beside another that created and locked a new one (the classic lock-file race). On NFS
+that check may be answered from a cached name (as it is never made by durables before
+this rule). Even then no two act on one object: a taker opening the path after the unlink
+finds the new file (an NFS open revalidates the name), and one that opened it before
+compares versions read before ``DIR`` was found empty, of objects gone since, or of a
+lease created in the microseconds before the unlink, which no one judges stale (and
+takes over) that fast.
 
 The window of a conditional replace: between its check and its rename, only a writer that
 takes no lock can act. Every removal of a lease durable makes takes the lock
@@ -235,39 +247,87 @@ def _cas_lock(path: str, timeout: float = CAS_TIMEOUT) -> Iterator[None]:
             lock.depth -= 1
             if lock.depth == 0 and lock.fd is not None:
                 fd, lock.fd = lock.fd, None
-                os.close(fd)  # releases the record lock
+                _unlock(fd, lock_path)
     finally:
         lock.thread_lock.release()
 
 
 def _lockf(lock_path: str, deadline: float) -> int:
-    _makedirs(os.path.dirname(lock_path))
-    try:
-        # O_NOFOLLOW: a symlink planted at the lock's path would make O_CREAT create (and
-        # lock) a file wherever it points.
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise OSError(errno.ELOOP, "the lock file is a symlink (never followed: it could "
-                      "point anywhere); remove it", lock_path) from None
     pause = 0.001
-    try:
-        while True:
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    while True:
+        _makedirs(os.path.dirname(lock_path))
+        try:
+            # O_NOFOLLOW: a symlink planted at the lock's path would make O_CREAT create
+            # (and lock) a file wherever it points.
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         0o666)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise OSError(errno.ELOOP, "the lock file is a symlink (never followed: it "
+                          "could point anywhere); remove it", lock_path) from None
+        try:
+            while True:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{lock_path}: locked by another process for over "
+                                       f"{CAS_TIMEOUT} s (stopped inside a conditional "
+                                       "write?)")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+            if _names(lock_path, fd):
                 return fd
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{lock_path}: locked by another process for over "
-                                   f"{CAS_TIMEOUT} s (stopped inside a conditional write?)")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
-    except BaseException:
+        except BaseException:
+            os.close(fd)
+            raise
+        # Its holder unlinked it while this process waited (`_unlock`): held, it locks
+        # out no one who opens the path now. The file there now, or a new one, instead.
         os.close(fd)
-        raise
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` names the file open as ``fd``."""
+    # lstat, never a second open: closing any descriptor of a file drops this process's
+    # lockf locks on it.
+    try:
+        at = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (at.st_dev, at.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _unlock(fd: int, lock_path: str) -> None:
+    """Release the lock held as ``fd``; unlink its file first if the directory it guards
+    holds no file (module doc): a sidecar left beside every entry ever cleaned, deleted or
+    given up by its writer kept the records folder from ever emptying."""
+    try:
+        # Tidying only: a sidecar it cannot remove (a folder not writable here) stays, as
+        # it always did, and never fails the conditional write that just succeeded.
+        with contextlib.suppress(OSError):
+            if _holds_no_file(lock_path.removesuffix(LOCK_SUFFIX)) and _names(lock_path, fd):
+                os.unlink(lock_path)
+    finally:
+        os.close(fd)  # releases the record lock
+
+
+def _holds_no_file(directory: str) -> bool:
+    """True if ``directory`` is gone or holds only directories holding no file."""
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                if not e.is_dir(follow_symlinks=False) or not _holds_no_file(e.path):
+                    return False
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False  # cannot tell: kept, as before
+    return True
 
 
 def _current_version(path: str) -> str | None:
@@ -398,7 +458,7 @@ class LocalAdapter(Adapter):
         atomic_objects=True, create_only=True, durable=True, pinned_reads=True,
         note="temp file in the same directory, fsync, rename/link, directory fsync; "
              "conditional writes under a lockf lock on a sidecar file",
-        conditional_writes=True,
+        conditional_writes=True, in_process=True,
     )
 
     def open_atomic(self, path: str, *, create_only: bool = False,

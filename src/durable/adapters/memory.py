@@ -78,7 +78,7 @@ class MemoryAdapter(Adapter):
     capabilities = Capabilities(
         atomic_objects=True, create_only=True, durable=False, pinned_reads=True,
         note="one process only; gone when the process exits",
-        conditional_writes=True,
+        conditional_writes=True, in_process=True,
     )
 
     def open_atomic(self, path: str, *, create_only: bool = False,

@@ -137,6 +137,23 @@ class AdapterTests:
             # A weaker guarantee must be said, not only implied by a False.
             assert caps.note.strip(), "an adapter missing a guarantee must say why in note"
 
+    def test_in_process_is_declared_consistently(self) -> None:
+        # `in_process` makes durable skip the thread that overlaps a look with work, and
+        # ask again rather than keep an answer: declared by an adapter whose calls cross
+        # a network, every write would wait a round trip it need not. An adapter served
+        # in this process has no endpoint: no network client's event loop under it, and
+        # no store clock of its own to read.
+        caps = self.adapter.capabilities
+        assert isinstance(caps.in_process, bool)
+        networked = bool(getattr(self.adapter.fs, "async_impl", False))
+        assert not (caps.in_process and networked), (
+            f"{type(self.adapter).__name__} declares in_process over an asynchronous "
+            f"(network) filesystem, {type(self.adapter.fs).__name__}")
+        if caps.in_process:
+            assert self.adapter.now(self.path("clock")) is None, (
+                f"{type(self.adapter).__name__} declares in_process but reads a store's "
+                "clock (an endpoint's answer)")
+
     # -- open_atomic: whole at commit ----------------------------------------------------------
     @pytest.mark.parametrize("key", ["obj", "nested/deeper/obj.bin"])
     @pytest.mark.parametrize("size", [0, 1, 1_500_001])
