@@ -39,6 +39,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFile
 
 import durable
+import durable._background
 from durable import IntegrityError, UnsupportedError
 from durable._checksum import crc32c
 from durable._protocol import Layout, Marker, carries_record
@@ -697,6 +698,9 @@ def _committed(place: Place, name: str, objects: dict[str, bytes]) -> durable.En
     with e.writing() as w:
         for key, data in objects.items():
             w.write_bytes(key, data)
+    # The committed attempt's record is removed by a background thread: a listing taken
+    # before it went would differ from one taken after (tests compare listings).
+    durable._background.wait()
     return e
 
 
