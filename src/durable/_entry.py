@@ -391,8 +391,13 @@ class Entry:
                 own = Marker.from_metadata(info.record if info else None, self.url)
                 if own is not None:
                     return self._object_status(own, info)
+            if records is None:
+                # One listing, as the look below the marker's name would take: the records
+                # dir answers that look and names the writers that started here.
+                records = self.adapter.list(self.layout.records)
             self._refuse_marker_prefix(records)
-            return Status(State.INCOMPLETE, "data present but no commit marker")
+            return Status(State.INCOMPLETE, "data present but no commit marker"
+                          + _started(records, own_attempt))
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
         if records is None:
             # A listing, not exists(): the records dir is never an object (no HEAD needed).
@@ -1205,6 +1210,18 @@ class EntryWriter:
     def records(self) -> dict[str, ObjectRecord]:
         with self._lock:
             return dict(self._records)
+
+
+def _started(records: dict[str, ObjectInfo] | None, own_attempt: str | None) -> str:
+    """What the reason of an unmarked entry with data adds for writers that started on it
+    (their attempt records; ``own_attempt``'s aside), as `durable scan` says it: "data
+    present but no commit marker" alone read like data written without durable, and sent
+    operators to `mark-complete` a killed writer's leftover (``records``: None if not
+    listed)."""
+    mine = f"attempts/{own_attempt}.json"
+    n = sum(1 for k in records or () if k.startswith("attempts/") and k.endswith(".json")
+            and k != mine)
+    return f"; a writer started but has not committed (attempt records: {n})" if n else ""
 
 
 def _unrecorded_problem(extra: dict[str, ObjectInfo], disputed: set[str]) -> str:
