@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from conftest import Place
-from durable import Entry, MarkerError, State, atomic_write
+from durable import Entry, IncompleteError, MarkerError, State, atomic_write
 from durable._scan import scan
 from durable.cli import ENV_OPTIONS, cli, merge_storage_options, parse_age
 from durable.testing.faults import FaultProxy
@@ -308,6 +309,26 @@ def test_status_incomplete(place: Place, make: str, reason: str) -> None:
     assert (doc["marker"] is None) == (make == "plain")
     table = run("status", place.url("e"))
     assert table.exit_code == 3 and "INCOMPLETE" in table.stdout
+
+
+def test_status_of_a_killed_writers_entry_says_a_writer_started_as_scan_does(
+        place: Place) -> None:
+    """`durable status` of what a killed `durable` writer left said only "data present but
+    no commit marker", as for data written without durable (which `mark-complete` is
+    for), where `scan` of the same root said a writer started on it."""
+    writing = Entry(place.url("e.zarr")).writing()
+    writer = writing.__enter__()  # never exits: a writer killed here leaves the same
+    writer.write_bytes("c/0", b"chunk")
+    started = "a writer started but has not committed (attempt records: 1)"
+    doc = as_json(run("status", place.url("e.zarr"), "--json"))
+    assert doc["state"] == "INCOMPLETE"
+    assert doc["reason"] == f"data present but no commit marker; {started}"
+    scan = as_json(run("scan", place.url(), "--json"))
+    assert [e["reason"] for e in scan["entries"]] == [doc["reason"]]
+    with pytest.raises(IncompleteError, match=re.escape(started)):
+        Entry(place.url("e.zarr")).require_complete()
+    writing.__exit__(None, None, None)
+    assert Entry(place.url("e.zarr")).state() is State.COMPLETE
 
 
 @pytest.mark.parametrize("damage", ["truncated", "deleted"])

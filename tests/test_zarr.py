@@ -700,6 +700,26 @@ def test_writing_store_pickles_and_records_into_a_fragment(shared: Target,
                                   expected())
 
 
+def test_a_chunk_written_in_parts_by_other_processes_is_named_as_such(shared: Target) -> None:
+    """dask tasks of other processes writing parts of one chunk (dask chunks across zarr's
+    chunk or shard boundaries, `da.store(..., lock=False)`) each read, change and rewrite
+    the whole chunk, and their fragments record it with different contents. The refusal
+    of ``unrecorded="error"`` said such a chunk was "not written through the writer",
+    sending the user after a write around durable; it names the partial writes now."""
+    url = shared.url("parts.zarr")
+    with pytest.raises(IntegrityError) as caught, \
+            dz.writing(url, storage_options=shared.options, unrecorded="error") as store:
+        array = zarr.create_array(store, shape=(10, 10), chunks=(10, 10), dtype="float32")
+        state = pickle.dumps(array)
+        durable._zarr_writing._WRITERS.clear()  # as in other processes: no coordinator
+        for rows in (slice(0, 5), slice(5, 10)):  # two tasks, one half of the chunk each
+            pickle.loads(state)[rows] = 1.0
+            assert dz.flush_fragments() == 1
+    message = str(caught.value)
+    assert "recorded with different contents by several fragments" in message
+    assert "['c/0/0']" in message and "not written through" not in message
+    assert Entry(url, storage_options=shared.options).state() is not State.COMPLETE
+
 
 def test_loser_of_a_race_never_publishes_over_the_winner(target: Target) -> None:
     url = target.url("w.zarr")

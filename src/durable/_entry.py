@@ -390,8 +390,13 @@ class Entry:
                 own = Marker.from_metadata(info.record if info else None, self.url)
                 if own is not None:
                     return self._object_status(own, info)
+            if records is None:
+                # One listing, as the look below the marker's name would take: the records
+                # dir answers that look and names the writers that started here.
+                records = self.adapter.list(self.layout.records)
             self._refuse_marker_prefix(records)
-            return Status(State.INCOMPLETE, "data present but no commit marker")
+            return Status(State.INCOMPLETE, "data present but no commit marker"
+                          + _started(records, own_attempt))
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
         if records is None:
             # A listing, not exists(): the records dir is never an object (no HEAD needed).
@@ -945,7 +950,7 @@ class Entry:
             raise IntegrityError(f"{self.url}: not committing: " + "; ".join(problems),
                                  url=self.url)
         extra = {k: i for k, i in listing.items() if k not in recorded}
-        recorded_elsewhere = self._merge_fragments(writer.attempt, extra, fragments)
+        recorded_elsewhere, disputed = self._merge_fragments(writer.attempt, extra, fragments)
         extra = {k: i for k, i in extra.items() if k not in recorded_elsewhere}
         for k, info in list(extra.items()):
             base = writer._baseline.get(k)
@@ -953,9 +958,8 @@ class Entry:
                 recorded_elsewhere[k] = base[0]  # untouched since the update began
                 del extra[k]
         if extra and unrecorded == "error":
-            raise IntegrityError(
-                f"{self.url}: not committing: {len(extra)} objects were not written through "
-                f"the writer, e.g. {sorted(extra)[:3]}", url=self.url)
+            raise IntegrityError(f"{self.url}: not committing: "
+                                 + _unrecorded_problem(extra, disputed), url=self.url)
         for k in extra:
             check_key(k, self.url)
         records = dict(recorded)
@@ -964,14 +968,16 @@ class Entry:
         return records
 
     def _merge_fragments(self, attempt: str, unrecorded: dict[str, ObjectInfo],
-                         fragments: dict[str, ObjectInfo]) -> dict[str, ObjectRecord]:
-        """Records other processes flushed for ``attempt``, for the objects listed now.
+                         fragments: dict[str, ObjectInfo],
+                         ) -> tuple[dict[str, ObjectRecord], set[str]]:
+        """Records other processes flushed for ``attempt``, for the objects listed now, and
+        the keys whose fragments disagree.
 
         A key is taken from the fragments only when every fragment that recorded it agrees
         and the size matches the listing; anything else is left to be read and checksummed.
         """
         if not unrecorded:
-            return {}
+            return {}, set()
         candidates: dict[str, set[ObjectRecord | None]] = {}
         for _, info in sorted(fragments.items()):
             where = self.adapter.url(info.path)
@@ -990,7 +996,7 @@ class Entry:
                 (rec,) = recs
                 if rec is not None and rec.size == info.size:
                     out[key] = rec
-        return out
+        return out, {k for k in unrecorded if len(candidates.get(k, ())) > 1}
 
     def _write_marker(self, marker: Marker,
                       fence: AbstractContextManager[object] | None = None) -> Marker:
@@ -1206,6 +1212,40 @@ class EntryWriter:
     def records(self) -> dict[str, ObjectRecord]:
         with self._lock:
             return dict(self._records)
+
+
+def _started(records: dict[str, ObjectInfo] | None, own_attempt: str | None) -> str:
+    """What the reason of an unmarked entry with data adds for writers that started on it
+    (their attempt records; ``own_attempt``'s aside), as `durable scan` says it: "data
+    present but no commit marker" alone read like data written without durable, and sent
+    operators to `mark-complete` a killed writer's leftover (``records``: None if not
+    listed)."""
+    mine = f"attempts/{own_attempt}.json"
+    n = sum(1 for k in records or () if k.startswith("attempts/") and k.endswith(".json")
+            and k != mine)
+    return f"; a writer started but has not committed (attempt records: {n})" if n else ""
+
+
+def _unrecorded_problem(extra: dict[str, ObjectInfo], disputed: set[str]) -> str:
+    """Why ``unrecorded="error"`` refuses ``extra``. Objects whose fragments disagree were
+    written through the writer, more than once: "not written through the writer" sent
+    the user looking for a write around durable, when the usual cause is dask tasks each
+    writing part of one chunk or shard (each reads, changes and rewrites it: the last
+    write drops the others' parts, in plain zarr too)."""
+    parts = []
+    disputed = disputed & set(extra)
+    if disputed:
+        parts.append(
+            f"{len(disputed)} objects were recorded with different contents by several "
+            f"fragments of this write, e.g. {sorted(disputed)[:3]}: written more than once, "
+            "as when tasks of other processes write parts of one chunk or shard (each "
+            "rewrites it whole, and the last drops what the others wrote); give the "
+            "tasks' pieces the chunks' (or shards') boundaries")
+    others = sorted(k for k in extra if k not in disputed)
+    if others:
+        parts.append(f"{len(others)} objects were not written through the writer, "
+                     f"e.g. {others[:3]}")
+    return "; ".join(parts)
 
 
 def _checksum_all(adapter: Adapter, listing: dict[str, ObjectInfo],
