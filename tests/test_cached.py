@@ -805,6 +805,27 @@ def test_clear_refuses_an_entry_being_computed(local: Store, counter: str) -> No
     assert entry.state() is State.ABSENT
 
 
+def test_a_store_without_conditional_writes_is_refused_with_advice_cached_can_follow(
+        tmp_path: Path, counter: str) -> None:
+    """On a store that cannot enforce conditional writes (a generic fsspec filesystem; an
+    S3-compatible endpoint ignoring If-None-Match) the call failed with the lease's advice,
+    "Pass best_effort=True", an argument cached does not take. The refusal names the
+    function, the entry and the store's adapter, and what works; nothing is computed."""
+    import fsspec
+    from fsspec.implementations.dirfs import DirFileSystem
+
+    fs = DirFileSystem(path=str(tmp_path), fs=fsspec.filesystem("file"))
+    f = cached_compute("dir://cache", dict(fs.storage_options), "raise")
+    with pytest.raises(UnsupportedError) as info:
+        f(3)
+    message = str(info.value)
+    assert message.startswith(f"{f.entry(3).url}: compute cannot be cached here")
+    assert "generic adapter" in message and "durable.Lease(url, best_effort=True)" in message
+    assert "Pass best_effort=True" not in message
+    assert computations(counter) == []
+    assert f.state(3) is State.ABSENT
+
+
 
 # requests per call on S3 ----------------------------------------------------------------------
 @pytest.fixture

@@ -453,6 +453,36 @@ def test_every_way_of_writing_is_recorded(place: Place, tmp_path: os.PathLike[st
     assert e.verify(deep=True).ok
 
 
+def test_a_local_directory_put_recursively_is_recorded_whole(
+        place: Place, tmp_path: os.PathLike[str]) -> None:
+    """``w.fs.put(local_dir, ..., recursive=True)``, how a checkpoint directory written on
+    local disk is uploaded, raised IsADirectoryError: fsspec hands each directory of the
+    tree to put_file, which opened it as a file. Every file is recorded; put_file reports
+    its bytes to a progress callback, as fsspec's does."""
+    from fsspec.callbacks import Callback
+
+    src = os.path.join(tmp_path, "ckpt-local")
+    files = {"model.bin": os.urandom(70_000), "optim/state.bin": os.urandom(1_000),
+             "optim/deeper/rng.bin": b"rng", "config.json": b"{}"}
+    for rel, data in files.items():
+        os.makedirs(os.path.dirname(os.path.join(src, rel)), exist_ok=True)
+        with open(os.path.join(src, rel), "wb") as f:
+            f.write(data)
+    progress = Callback()
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        w.fs.put(src + "/", f"{w.path}/step-100/", recursive=True)
+        w.fs.put_file(os.path.join(src, "model.bin"), f"{w.path}/step-100/copy.bin",
+                      callback=progress)
+    assert e.state() is State.COMPLETE
+    files["copy.bin"] = files["model.bin"]
+    assert {k: place.read(f"ent/step-100/{k}") for k in files} == files
+    assert marker_doc(place)["manifest"] == on_disk(place)
+    assert sorted(on_disk(place)) == sorted(f"step-100/{k}" for k in files)
+    assert e.verify(deep=True).ok
+    assert (progress.size, progress.value) == (70_000, 70_000)
+
+
 def test_touch_without_truncate_keeps_the_bytes(place: Place) -> None:
     """``touch(path, truncate=False)`` leaves an existing object's bytes alone (fsspec's
     meaning, and plain fsspec's); the writer's touch emptied it, and the commit recorded

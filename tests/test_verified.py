@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import crc32c
@@ -419,3 +420,114 @@ def test_a_symlink_or_fifo_is_named_by_every_reader(tmp_path: os.PathLike[str],
             read(plain)
         with pytest.raises(IntegrityError, match=f"recorded with 9 bytes but {what} is there"):
             read(recorded)
+
+
+# A writer replacing an object (and its marker) while it is read -----------------------------
+# The writer's steps are run from an audit hook, at the reader's own open of a path: exactly
+# between two of the reader's steps, deterministically, with durable's code untouched.
+_AT_OPEN: dict[str, Callable[[], None]] = {}
+
+
+def _at_open(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and args and isinstance(args[0], str):
+        step = _AT_OPEN.pop(os.path.normpath(args[0]), None)
+        if step is not None:
+            step()
+
+
+sys.addaudithook(_at_open)
+
+
+@pytest.fixture
+def at_open() -> Iterator[dict[str, Callable[[], None]]]:
+    """path -> what another writer does just before this process next opens that path."""
+    yield _AT_OPEN
+    _AT_OPEN.clear()
+
+
+def pointer(root: str, value: bytes) -> str:
+    url = os.path.join(root, "latest")
+    with atomic_write(url) as f:
+        f.write(value)
+    return url
+
+
+def test_a_pointer_replaced_between_its_marker_and_its_bytes_is_read_again(
+        tmp_path: os.PathLike[str], at_open: dict[str, Callable[[], None]]) -> None:
+    """atomic_write over a "latest" pointer on a local disk: the reader had read the old
+    marker when the new bytes were renamed in (and their marker written): the new bytes
+    against the old record were an IntegrityError "(corrupt data)". The record changed:
+    read again, the new pointer comes back."""
+    root = os.path.realpath(tmp_path)
+    url = pointer(root, b"model-1000.pt")
+    at_open[url] = lambda: pointer(root, b"model-2000.pt")  # the same size: a CRC32C mismatch
+    assert read_verified(url) == b"model-2000.pt"
+    assert not at_open  # the replacement did happen between the marker and the open
+
+    at_open[url] = lambda: pointer(root, b"model-30000.pt")  # another size
+    assert read_verified(url) == b"model-30000.pt"
+    assert not at_open
+
+
+def test_a_pointer_whose_marker_goes_between_its_stat_and_its_open_is_incomplete(
+        tmp_path: os.PathLike[str], at_open: dict[str, Callable[[], None]]) -> None:
+    """The writer's first step (the old marker deleted) landed between the reader's stat of
+    the marker and its open: a bare FileNotFoundError named the marker, as if the store
+    had lost it. The object has no record at that moment: IncompleteError naming it."""
+    root = os.path.realpath(tmp_path)
+    url = pointer(root, b"model-1000.pt")
+    marker = os.path.join(root, ".durable", "latest", "commit.json")
+    at_open[marker] = lambda: os.remove(marker)
+    with pytest.raises(IncompleteError) as info:
+        read_verified(url)
+    assert not at_open
+    assert str(info.value).startswith(f"file://{url}: no commit record covers this object")
+
+
+def test_an_object_replaced_at_every_read_is_named_as_replaced_never_corrupt(
+        tmp_path: os.PathLike[str], at_open: dict[str, Callable[[], None]]) -> None:
+    """Read again at most 3 times; a writer replacing it under every read is named so."""
+    root = os.path.realpath(tmp_path)
+    url = pointer(root, b"model-0.pt")
+    versions = iter(b"model-%d.pt" % i for i in range(1, 10))
+
+    def replace() -> None:
+        pointer(root, next(versions))
+        at_open[url] = replace  # and again at the next read
+
+    at_open[url] = replace
+    with pytest.raises(IntegrityError) as info:
+        read_verified(url)
+    assert str(info.value).startswith(f"file://{url}: replaced while it was read, 3 times")
+    assert "corrupt" not in str(info.value)
+    assert next(versions) == b"model-4.pt"  # three reads, three replacements
+
+
+def test_bytes_damaged_under_an_unchanged_record_are_corrupt_at_once(
+        tmp_path: os.PathLike[str], at_open: dict[str, Callable[[], None]]) -> None:
+    """Only a record that changed is read again: a flipped byte is corrupt, first time."""
+    root = os.path.realpath(tmp_path)
+    url = pointer(root, b"model-1000.pt")
+
+    def flip() -> None:
+        with open(url, "r+b") as f:
+            f.write(b"M")
+    at_open[url] = flip
+    with pytest.raises(IntegrityError, match=r"\(corrupt data\)"):
+        read_verified(url)
+    assert not at_open
+
+
+def test_an_unrecorded_object_replaced_as_it_is_read_is_incomplete(
+        tmp_path: os.PathLike[str], at_open: dict[str, Callable[[], None]]) -> None:
+    """Between the old marker's removal and the new one's write, the object has no record:
+    read to rule out an error page, a stat then an open raced the rename over it ("replaced
+    since it was listed", for a read that listed nothing). It is unrecorded: IncompleteError."""
+    root = os.path.realpath(tmp_path)
+    place = Place("file", root)
+    place.write("latest", b"model-1000.pt")
+    url = os.path.join(root, "latest")
+    at_open[url] = lambda: replace_object(place, "latest", b"model-2000.pt")
+    with pytest.raises(IncompleteError, match="no commit record covers this object"):
+        read_verified(url)
+    assert not at_open

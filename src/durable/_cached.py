@@ -54,7 +54,12 @@ from pathlib import PurePath
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from durable._entry import Entry
-from durable._errors import AlreadyCompleteError, IncompleteExistsError, LeaseLostError
+from durable._errors import (
+    AlreadyCompleteError,
+    IncompleteExistsError,
+    LeaseLostError,
+    UnsupportedError,
+)
 from durable._lease import (
     Lease,
     LeaseView,
@@ -210,7 +215,22 @@ class CachedFunction(Generic[P, R]):
 
     # the states --------------------------------------------------------------------------
     def _lease(self, entry: Entry) -> Lease:
-        return Lease(entry, heartbeat=self._stale_after / 5, stale_after=self._stale_after)
+        lease = Lease(entry, heartbeat=self._stale_after / 5, stale_after=self._stale_after)
+        try:
+            lease._require_support()
+        except UnsupportedError as exc:
+            # The lease's own advice (best_effort=True) names an argument cached does not
+            # have: a caller could follow it nowhere. Say what works instead.
+            raise UnsupportedError(
+                f"{entry.url}: {self._name} cannot be cached here: a call takes the entry's "
+                f"writer lease, which needs create-only and conditional writes that the "
+                f"{entry.adapter.name} adapter cannot enforce on this store, so two "
+                "processes could compute and write one entry at once. Cache on a store that "
+                "enforces them (a local disk; S3, GCS and Azure do, some endpoints and "
+                "emulators compatible with them do not), or write the entry yourself "
+                "with durable.Lease(url, best_effort=True) and "
+                "Entry(url).writing(lease=lease)") from exc
+        return lease
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], force: bool) -> R:
         entry, doc, digest = self._locate(args, kwargs)

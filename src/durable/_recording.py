@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from typing import TYPE_CHECKING, Any
 
+from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 
 from durable._errors import UnsupportedError
@@ -107,13 +109,21 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
         with self.writer.open(self.writer.key_of(path), create_only=mode == "create") as f:
             f.write(value)
 
-    def put_file(self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite",
-                 **kwargs: Any) -> None:
+    def put_file(self, lpath: str, rpath: str, callback: Any = DEFAULT_CALLBACK,
+                 mode: str = "overwrite", **kwargs: Any) -> None:
         rpath = self._strip_protocol(rpath)
+        # fsspec's put(recursive=True) hands every directory of the tree to put_file too
+        # (as fsspec's own put_file does, it is a makedirs): opened as a file, it was an
+        # IsADirectoryError, and no local checkpoint directory could be uploaded whole.
+        if os.path.isdir(lpath):
+            self.makedirs(rpath, exist_ok=True)
+            return
         with open(lpath, "rb") as src, self.writer.open(
                 self.writer.key_of(rpath), create_only=mode == "create") as f:
+            callback.set_size(os.fstat(src.fileno()).st_size)
             while block := src.read(_COPY_BLOCK):
                 f.write(block)
+                callback.relative_update(len(block))
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
         self._still_writing()

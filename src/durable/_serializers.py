@@ -69,16 +69,16 @@ class Serializer(ABC):
 
 
 def _read(adapter: Adapter, path: str) -> bytes | bytearray | None:
-    if type(adapter).open_whole is not Adapter.open_whole:
-        return adapter.read(path)  # info and body in one answer: fewer requests (S3: one GET)
-    # Otherwise the same stat and open, read into a buffer of ours: the bytes land once,
-    # where a NumPy array can use them as they are (read() + copy costs 5x on 1 MiB).
-    info = adapter.info(path)
-    if info is None:
+    # The info and a reader of that version (S3: one GET; a local file: opened, then
+    # fstat-ed), read into a buffer of ours: the bytes land once, where a NumPy array can
+    # use them as they are (read() + copy costs 5x on 1 MiB).
+    opened = adapter.open_whole(path)
+    if opened is None:
         return None
+    info, f = opened
     buf = bytearray(info.size + 1)
     got = 0
-    with adapter.open_read(path, info) as f, memoryview(buf) as view:
+    with f, memoryview(buf) as view:
         while got < len(buf):
             n = cast(Any, f).readinto(view[got:])  # BinaryIO's stub lacks readinto
             if not n:

@@ -116,7 +116,16 @@ def _expected(adapter: Adapter, path: str, size: int | None, crc32c: int | None,
     found = find_record(adapter, path, info, stat_taken=stat_taken)
     if found is None:
         if require_record and not given:
-            _unrecorded(adapter, path, info if stat_taken else adapter.info(path), body)
+            if stat_taken:
+                _unrecorded(adapter, path, info, body)
+            # The stat and a reader of that version together: a stat, then an open, raced
+            # a writer replacing the object ("replaced since it was listed").
+            opened = adapter.open_whole(path)
+            try:
+                _unrecorded(adapter, path, *(opened or (None, None)))
+            finally:
+                if opened is not None:
+                    opened[1].close()
         # No record: "recorded with N bytes" would send the reader looking for one.
         return size, crc32c, "caller", None
     rec = found.record
@@ -211,8 +220,54 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
     the store declares is checked against the bytes that arrive. Without a CRC32C to check,
     an object store's error document served as the object (`error_document`) is an
     IntegrityError, never data. No object at all: FileNotFoundError naming the URL.
+
+    A record kept beside the object (a marker) is read before the object: bytes that do
+    not match it are read again while a writer is found to have replaced both meanwhile
+    (the record changed), up to 3 times, and only bytes matching an unchanged record are
+    called corrupt.
     """
     adapter, path = resolve(url, storage_options)
+    for attempt in range(1, _READS + 1):
+        beside: list[tuple[int | None, int | None, int | None]] = []
+        try:
+            return _read_verified(adapter, path, expected_size, expected_crc32c,
+                                  require_record, beside)
+        except IntegrityError as exc:
+            # atomic_write over a "latest" pointer on a local disk: the old marker read, the
+            # new bytes opened, reported as "(corrupt data)". A record that changed since
+            # is that replacement; one that did not, the damage the error names.
+            now = _record_now(adapter, path) if beside else None
+            if now is None or now == beside[0]:
+                raise
+            if attempt == _READS:
+                where = adapter.url(path)
+                raise IntegrityError(
+                    f"{where}: replaced while it was read, {_READS} times (its record "
+                    "changed each time: a writer is replacing it); read it again", url=where,
+                    expected="one version of the object and its record",
+                    found="a new version at every read") from exc
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: How many times read_verified reads an object whose record changed under the read.
+_READS = 3
+
+
+def _record_now(adapter: Adapter, path: str
+                ) -> tuple[int | None, int | None, int | None] | None:
+    """(size, CRC32C, tail) of the object's record as it is now (all None: no record);
+    None where it cannot be read, which shows no replacement: the original error stands."""
+    try:
+        return expected_of(adapter, path)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_verified(adapter: Adapter, path: str, expected_size: int | None,
+                   expected_crc32c: int | None, require_record: bool,
+                   beside: list[tuple[int | None, int | None, int | None]]) -> bytes:
+    """One read of `read_verified`; ``beside`` gets the record it checked against, if that
+    record was read apart from the object (a marker or a manifest)."""
     where = adapter.url(path)
     # One GET first where the store keeps records in metadata (S3): its headers carry the
     # object's size and record; only an object without one costs the marker reads. Other
@@ -225,6 +280,8 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
                               opened[0] if opened is not None else None, stat_taken=first,
                               body=opened[1] if opened is not None else None)
         if not first:
+            if said == "record":
+                beside.append((size, crc, tail))
             opened = adapter.open_whole(path)
         if opened is None:
             raise missing_error(adapter, path, where, size, said)

@@ -506,6 +506,29 @@ class LocalAdapter(Adapter):
             return None
         return ObjectInfo(path, st.st_size, _version(st), st.st_mtime)
 
+    def open_whole(self, path: str) -> tuple[ObjectInfo, BinaryIO] | None:
+        # The info is the fstat of the very file opened. The base's stat then open raced a
+        # rename over the path (atomic_write replacing an object and its marker): a reader
+        # of a "latest" pointer got "replaced since it was listed" for a read that listed
+        # nothing, or FileNotFoundError naming a marker the stat had just found.
+        if self.info(path) is None:
+            return None  # absent, a symlink or a special file: nothing is opened
+        try:
+            # O_NOFOLLOW: a symlink swapped in since is no object (ELOOP). O_NONBLOCK: nor
+            # is a FIFO, which is not waited on; fstat then says it is no regular file.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # removed since the stat: absent now
+        except OSError as exc:
+            if exc.errno in _NO_SUCH_NAME:
+                return None
+            raise
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        return ObjectInfo(path, st.st_size, _version(st), st.st_mtime), os.fdopen(fd, "rb")
+
     def read(self, path: str, *, limit: int | None = None) -> bytes | None:
         data = super().read(path, limit=limit)
         if data is None:
