@@ -1580,6 +1580,22 @@ def test_gcs_emulator_generations_are_found_unusable(
         dts.open(t.url("arr"), storage_options=t.options, on_unusable_etags="error")
 
 
+def test_an_update_where_etags_are_unusable_is_refused_before_the_marker_goes(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """An update on such a store fails at its first conditional request, after
+    `Entry.writing` removed the marker: a COMPLETE entry was left INCOMPLETE over its
+    unchanged data. Refused before, naming the store."""
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    proxy.add(faults.rewrite_etag("unquoted"))
+    url = s3_bucket.path("arr")
+    dts.write(url, values(20), chunks=[10, 10], storage_options=via)
+    with pytest.raises(dts.UnusableETagError, match="update=True was refused"), \
+            dts.writing(url, storage_options=via, update=True) as w:
+        w.write(w.open(open=True)[0:5, 0:5], 9)
+    assert dts.entry_for(url, via).state() is State.COMPLETE
+    assert dts.read(url, storage_options=via).tolist() == values(20).tolist()
+
+
 def test_a_relative_path_is_the_one_under_the_current_directory(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # Places of absolute local paths are kept between opens: a relative one must not be,

@@ -517,6 +517,14 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
     found = probe(place, ctx)
     if not found.readable:
         raise etag_error(place, found, "nothing was written")
+    if update and not found.usable:
+        # Refused before `Entry.writing` removes the marker: an update there (a chunk
+        # written in part, a resize) sends tensorstore's conditional requests, fails, and
+        # left a COMPLETE entry INCOMPLETE over its unchanged data.
+        raise etag_error(place, found, "update=True was refused and the entry is as it "
+                         "was: an update rewrites chunks and metadata on the condition "
+                         "that they are still the version read. Write a new version with "
+                         "overwrite=True (or to a new entry) instead")
     if not found.usable and place.endpoint not in _WARNED:
         _WARNED.add(str(place.endpoint))
         log.warning("%s", etag_error(place, found, "only writes that need no conditional "
