@@ -76,11 +76,12 @@ def compute(x: int) -> Any:
     return Tagged(result) if WRAP else result
 
 
-def cached_compute(root: str, options: dict[str, Any], on_incomplete: str,
+def cached_compute(root: str, options: dict[str, Any], on_incomplete: str | None,
                    stale_after: float = STALE_AFTER) -> Any:
-    return durable.cached(root, storage_options=options or None,
-                          on_incomplete=on_incomplete,  # type: ignore[arg-type]
-                          stale_after=stale_after)(compute)
+    """`compute` cached under ``root``; ``on_incomplete`` None: cached's default."""
+    policy = {} if on_incomplete is None else {"on_incomplete": on_incomplete}
+    return durable.cached(root, storage_options=options or None, stale_after=stale_after,
+                          **policy)(compute)  # type: ignore[arg-type]
 
 
 def computations(counter: str) -> list[tuple[int, int]]:

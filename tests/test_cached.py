@@ -160,9 +160,14 @@ def test_processes_compute_each_entry_once(shared: Store, counter: str) -> None:
     assert len(computations(counter)) == n_rounds
 
 
-def test_threads_compute_each_entry_once(memory: Store, counter: str) -> None:
+@pytest.mark.parametrize("policy", ["wait", None])
+def test_threads_compute_each_entry_once(memory: Store, counter: str,
+                                         policy: str | None) -> None:
+    """Calls made at once compute once and all return that result: with "wait", and by
+    default (a pool's workers calling the same function: under a "raise" default every
+    caller but the first failed with IncompleteExistsError)."""
     n, rounds = 8, 30
-    f = cached_compute(memory.root, {}, "wait")
+    f = cached_compute(memory.root, {}, policy)
     barrier = threading.Barrier(n)
     results: list[list[list[int]]] = [[] for _ in range(n)]
     errors: list[BaseException] = []

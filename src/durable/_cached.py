@@ -16,10 +16,13 @@ inspection). How each state of the entry is met:
   every later caller gets. It is verified against the writer's own records, which are
   the committed manifest: the marker just written is not read again.
 - INCOMPLETE, by ``on_incomplete``:
-  ``"raise"`` (default): IncompleteExistsError naming the entry, the lease holder if any,
-  and how to resolve it (incident 001: a leftover stops the run until resolved).
-  ``"wait"``: poll with backoff while a live writer holds the lease, until COMPLETE (or
-  ``timeout``); an abandoned entry (no lease, or a stale one) raises.
+  ``"wait"`` (default): poll with backoff while a live writer holds the lease, until
+  COMPLETE (or ``timeout``); an abandoned entry (no lease, or a stale one) raises
+  IncompleteExistsError (incident 001: a leftover stops the run until resolved). Calls
+  made at once from several processes (a pool's workers, a job's ranks) compute once and
+  all return that result: under ``"raise"`` every caller but the first failed.
+  ``"raise"``: IncompleteExistsError at once, naming the entry, the lease holder if any,
+  and how to resolve it, for a live writer too.
   ``"takeover"``: as ``"wait"``, but an abandoned entry is recomputed under a lease taken
   over conditionally: never a live writer's.
 - Another process commits first while this one computes: its result is returned, also
@@ -85,7 +88,7 @@ _MAX_NAME = 96
 
 
 def cached(root: str, *, version: str | int = 1, key: Callable[..., Any] | None = None,
-           on_incomplete: OnIncomplete = "raise", timeout: float | None = None,
+           on_incomplete: OnIncomplete = "wait", timeout: float | None = None,
            serializer: str | None = None, pickle: bool = False,
            storage_options: dict[str, Any] | None = None,
            stale_after: float = 30.0) -> Callable[[Callable[P, R]], CachedFunction[P, R]]:
