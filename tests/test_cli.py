@@ -810,6 +810,11 @@ def test_a_killed_atomic_writes_temp_file_is_for_clean_not_an_entry(place: Place
     place.write("legacy/.part-1.durable-tmp-0123456789ab", b"half")
     rows = {r.url: r for r in scan(place.url())}
     assert url_of(place, "ckpt") not in rows
+    # Not an entry, yet shown: a killed writer's temp files can hold gigabytes.
+    assert as_json(run("scan", place.url(), "--json"))["temp_files"] == {
+        "count": 2, "bytes": 1000 + len(b"half")}
+    assert "2 temp files (1004 B (1.0 kB)) left by writes that never finished" in \
+        " ".join(run("scan", place.url()).stdout.split())
     assert (rows[url_of(place, "legacy")].objects, rows[url_of(place, "legacy")].size) == (
         1, len(b"written without durable"))
     adopted = as_json(run("mark-complete", place.url(), "--apply", "--json"))

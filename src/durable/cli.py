@@ -162,6 +162,7 @@ from durable._scan import (
 )
 from durable._version import __version__
 from durable.adapters import Adapter, resolve
+from durable.adapters.base import ObjectInfo
 
 __all__ = ["cli", "main"]
 
@@ -721,11 +722,14 @@ def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], de
     ctx.exit(EXIT_OK if report.ok else EXIT_MISMATCH)
 
 
-def scan_doc(root: str, rows: Sequence[ScanRow]) -> dict[str, Any]:
+def scan_doc(root: str, rows: Sequence[ScanRow],
+             temps: dict[str, ObjectInfo] | None = None) -> dict[str, Any]:
     counts = {"COMPLETE": 0, "INCOMPLETE": 0, "ERROR": 0}
     for row in rows:
         counts[row.state] += 1
-    return {"root": root, "counts": counts, "entries": [r.to_json() for r in rows]}
+    found = list((temps or {}).values())
+    return {"root": root, "counts": counts, "entries": [r.to_json() for r in rows],
+            "temp_files": {"count": len(found), "bytes": sum(i.size for i in found)}}
 
 
 @cli.command("scan")
@@ -754,7 +758,7 @@ def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: b
         sv = survey(adapter, path)
         rows = scan_survey(sv, workers=workers,
                            progress=lambda done, total: tick("reading records", done, total))
-    doc = scan_doc(root, rows)
+    doc = scan_doc(root, rows, sv.temps)
     if as_json:
         _emit_json(doc)
     else:
@@ -769,6 +773,13 @@ def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: b
         summary = ", ".join(f"{n} {s}" for s, n in doc["counts"].items() if n)
         console.print(_text(f"{len(rows)} entries under {root}" +
                            (f": {summary}" if summary else "")))
+        temps = doc["temp_files"]
+        if temps["count"]:
+            # No entry's: left by a write that never finished (a killed atomic_write or
+            # writer), which no row shows, and which can hold gigabytes.
+            console.print(_text(
+                f"{temps['count']} temp files ({_size(temps['bytes'])}) left by writes that "
+                f"never finished: `durable clean {root}` removes them once old enough"))
     if fail_on_incomplete and any(r.state != "COMPLETE" for r in rows):
         ctx.exit(EXIT_INCOMPLETE)
     ctx.exit(EXIT_OK)
