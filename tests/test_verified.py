@@ -531,3 +531,23 @@ def test_an_unrecorded_object_replaced_as_it_is_read_is_incomplete(
     with pytest.raises(IncompleteError, match="no commit record covers this object"):
         read_verified(url)
     assert not at_open
+
+
+@pytest.mark.parametrize("how", ["open_verified", "durable::"])
+def test_a_pointer_replaced_between_its_stat_and_its_open_is_opened_again(
+        tmp_path: os.PathLike[str], at_open: dict[str, Callable[[], None]], how: str) -> None:
+    """A stat, the record, then the open pinned to the stat's version: a writer replacing
+    the object in between made the open "replaced since it was listed", for a read that
+    listed nothing. Nothing was handed out yet: opened again, the new pointer is read."""
+    import fsspec
+
+    root = os.path.realpath(tmp_path)
+    url = pointer(root, b"model-1000.pt")
+    at_open[url] = lambda: pointer(root, b"model-2000.pt")
+    if how == "open_verified":
+        with open_verified(url) as f:
+            assert f.read() == b"model-2000.pt"
+    else:
+        with fsspec.open(f"durable::{url}", "rb") as f:
+            assert f.read() == b"model-2000.pt"
+    assert not at_open  # the replacement did happen between the stat and the open

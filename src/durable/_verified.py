@@ -227,7 +227,7 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
     called corrupt.
     """
     adapter, path = resolve(url, storage_options)
-    for attempt in range(1, _READS + 1):
+    for attempt in range(1, READ_ATTEMPTS + 1):
         beside: list[tuple[int | None, int | None, int | None]] = []
         try:
             return _read_verified(adapter, path, expected_size, expected_crc32c,
@@ -239,10 +239,10 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
             now = _record_now(adapter, path) if beside else None
             if now is None or now == beside[0]:
                 raise
-            if attempt == _READS:
+            if attempt == READ_ATTEMPTS:
                 where = adapter.url(path)
                 raise IntegrityError(
-                    f"{where}: replaced while it was read, {_READS} times (its record "
+                    f"{where}: replaced while it was read, {READ_ATTEMPTS} times (its record "
                     "changed each time: a writer is replacing it); read it again", url=where,
                     expected="one version of the object and its record",
                     found="a new version at every read") from exc
@@ -250,7 +250,7 @@ def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,
 
 
 #: How many times read_verified reads an object whose record changed under the read.
-_READS = 3
+READ_ATTEMPTS = 3
 
 
 def _record_now(adapter: Adapter, path: str
@@ -327,11 +327,32 @@ def open_verified(url: str, mode: str = "rb", *,
     if mode not in ("rb", "r"):
         raise ValueError(f"open_verified reads bytes: mode must be 'rb', got {mode!r}")
     adapter, path = resolve(url, storage_options)
-    info = adapter.info(path)  # carries the object's own record, where it has one
-    size, crc, said, tail = _expected(adapter, path, expected_size, expected_crc32c,
-                                      require_record, info, stat_taken=True)
-    return open_verified_path(adapter, path, size, crc, info=info, stat_taken=True,
-                              said=said, tail=tail)
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        info = adapter.info(path)  # carries the object's own record, where it has one
+        try:
+            size, crc, said, tail = _expected(adapter, path, expected_size, expected_crc32c,
+                                              require_record, info, stat_taken=True)
+            return open_verified_path(adapter, path, size, crc, info=info, stat_taken=True,
+                                      said=said, tail=tail)
+        except IntegrityError:
+            # Nothing handed out yet. A writer replaced the object (atomic_write over a
+            # "latest" pointer) between its stat and its open, or its record read between:
+            # "replaced since it was listed" for a read that listed nothing. Again, anew.
+            if attempt == READ_ATTEMPTS or not replaced_since(adapter, path, info):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def replaced_since(adapter: Adapter, path: str, info: ObjectInfo | None) -> bool:
+    """Whether the object at ``path`` is now another version than the stat ``info``: a
+    writer replaced it since (which a read may try again), not damage."""
+    if info is None or info.version is None:
+        return False
+    try:
+        now = adapter.info(path)
+    except (OSError, ValueError):
+        return False  # cannot tell: no replacement shown, the original error stands
+    return now is not None and now.version != info.version
 
 
 def open_verified_path(adapter: Adapter, path: str, size: int | None,

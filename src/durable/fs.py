@@ -82,7 +82,13 @@ from durable._errors import IntegrityError, UnsupportedError
 from durable._protocol import LEASE_NAME, RECORDS_DIR, Layout, Marker
 from durable._record_cache import RecordCache
 from durable._recording import TextAtomicWriter, stay_put
-from durable._verified import VerifiedReader, missing_error, open_verified_path
+from durable._verified import (
+    READ_ATTEMPTS,
+    VerifiedReader,
+    missing_error,
+    open_verified_path,
+    replaced_since,
+)
 from durable.adapters import adapter_for_fs, refuse_ambiguous
 from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
 from durable.adapters.local import TMP_MARK, LocalAdapter
@@ -486,9 +492,19 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
 
     # reading ------------------------------------------------------------------------------
     def _open_read(self, path: str) -> DurableReadFile:
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            info = self.adapter.info(path)
+            try:
+                return self._open_read_once(path, info)
+            except IntegrityError:
+                # Replaced between the stat and the open (`open_verified`'s reason).
+                if attempt == READ_ATTEMPTS or not replaced_since(self.adapter, path, info):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _open_read_once(self, path: str, info: ObjectInfo | None) -> DurableReadFile:
         adapter = self.adapter
         url = self.unstrip_protocol(path)
-        info = adapter.info(path)
         found = self.records.find(path, info)
         size = crc = tail = None
         if found is not None:
