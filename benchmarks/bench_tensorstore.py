@@ -85,6 +85,7 @@ set_network_guards()  # before any cloud client is imported: nothing looks for m
 import numpy as np  # noqa: E402
 import tensorstore as ts  # noqa: E402
 
+import durable._tensorstore_reading as reading  # noqa: E402
 import durable.tensorstore as dts  # noqa: E402
 
 
@@ -150,7 +151,7 @@ def make_cases(opts: Any, data: Any, chunk: int, committed: str, plain_array: st
     def durable_read_cold(_: str) -> None:
         # What this process knows of the commit: the marker's decoding, and that a
         # listing was checked against it. Forgotten, the open is the commit's first.
-        dts._DECODED.clear()
+        reading._DECODED.clear()
         durable_read(_)
 
     def dts_read(_: str) -> None:
@@ -158,7 +159,7 @@ def make_cases(opts: Any, data: Any, chunk: int, committed: str, plain_array: st
             data.shape
 
     def dts_read_cold(_: str) -> None:
-        dts._DECODED.clear()  # as in durable_read_cold
+        reading._DECODED.clear()  # as in durable_read_cold
         dts_read(_)
 
     writes = [

@@ -311,7 +311,7 @@ def test_write_puts_exactly_the_bytes_tensorstore_would(
     chunks): each object must be the one tensorstore's own write puts when it stores
     every chunk, for plain, codec, sharded and partly fill-value arrays, a row of chunks
     (or shards) at a time or all at once."""
-    import durable.tensorstore as module
+    import durable._tensorstore_writing as module
 
     monkeypatch.setattr(module, "_SLAB_BYTES", slab)
     monkeypatch.setattr(module, "_WRITES_AT_ONCE", min(slab, 5))
@@ -850,8 +850,9 @@ def test_a_killed_writer_leaves_an_entry_open_refuses(
 _STREAM_CHILD = """
 import json, os, sys
 import numpy as np
+import durable._tensorstore_writing as writing
 import durable.tensorstore as dts
-dts._SLAB_BYTES = 1  # a row of chunks at a time
+writing._SLAB_BYTES = 1  # a row of chunks at a time
 opts = json.loads(os.environ["DURABLE_TEST_STORAGE_OPTIONS"])
 data = np.full((200, 30), 7, dtype="float32")
 dts.write(sys.argv[1], data, chunks=[10, 10], storage_options=opts)
@@ -904,7 +905,7 @@ def test_a_streamed_write_that_fails_leaves_no_chunk_behind(
     none lands after the cleanup as an object outside any attempt. (tensorstore's write
     future fails at the first error, its other puts still on their way: `write` waits for
     each chunk's own.)"""
-    import durable.tensorstore as module
+    import durable._tensorstore_writing as module
 
     monkeypatch.setattr(module, "_SLAB_BYTES", 1)  # a row of chunks at a time
     monkeypatch.setattr(module, "_WRITES_AT_ONCE", 3)  # tensorstore's: 3 chunks at a time

@@ -27,10 +27,11 @@ from durable._entry import Entry
 from durable._errors import IntegrityError, UnsupportedError
 from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
 
-__all__ = ["MALFORMED", "MemoryKvAdapter", "Place", "Probe", "UnusableETagError", "entry_for",
-           "etag_error", "kvstore_spec", "probe"]
+__all__ = ["MALFORMED", "MAX_METADATA", "MemoryKvAdapter", "Place", "Probe",
+           "UnusableETagError", "entry_for", "etag_error", "kvstore_spec", "probe"]
 
 MALFORMED = "Malformed StorageGeneration"
+MAX_METADATA = 64 * 1024 * 1024  # an array's metadata document is read whole, up to this
 
 
 class UnusableETagError(UnsupportedError):
