@@ -1597,6 +1597,33 @@ def test_an_update_where_etags_are_unusable_is_refused_before_the_marker_goes(
     assert dts.read(url, storage_options=via).tolist() == values(20).tolist()
 
 
+def test_a_store_that_ignores_range_reads_and_writes_as_plain_tensorstore_does(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """A gateway that ignores Range answers the whole object: plain tensorstore reads and
+    writes unsharded arrays there (whole chunks), but durable's ETag probe, a 1-byte ranged
+    read, failed every open, read and write with tensorstore's "Requested byte range [0, 1)
+    was ignored by server", naming neither the object nor the store."""
+    url = s3_bucket.path("arr")
+    dts.write(url, values(20), chunks=[10, 10], storage_options=s3_bucket.storage_options)
+
+    def ignore_range(info: faults.RequestInfo) -> bool:
+        info.headers.remove("range")  # forwarded without it: moto answers 200, whole
+        return False
+
+    proxy.add(faults.delay(0, match=Match(methods="GET", where=ignore_range)))
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    plain = ts.open({"driver": "zarr3", "kvstore": dts.kvstore_spec(url, via)}).result()
+    assert plain.read().result().tolist() == values(20).tolist()
+    assert dts.read(url, storage_options=via).tolist() == values(20).tolist()
+    assert dts.open(url, storage_options=via).read().result().tolist() == values(20).tolist()
+    entry = dts.write(s3_bucket.path("new"), values(20, 1), chunks=[10, 10],
+                      storage_options=via)
+    assert entry.verify(deep=True).ok
+    assert dts.read(entry.url, storage_options=via).tolist() == values(20, 1).tolist()
+    # The probe asked for a range, and the store answered it whole
+    assert any("range" in r.headers for r in proxy.requests if r.method == "GET")
+
+
 def test_a_relative_path_is_the_one_under_the_current_directory(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # Places of absolute local paths are kept between opens: a relative one must not be,
