@@ -1664,6 +1664,26 @@ def test_metadata_nested_too_deeply_is_named_not_a_recursion_error(tmp_path: Any
         dts.open(url)
 
 
+def test_a_group_opened_as_an_array_is_named_with_its_arrays(tmp_path: Any) -> None:
+    """A group entry (durable.zarr, durable.xarray) opened without path=: tensorstore's
+    error named no object ('Expected "array", but received: "group"')."""
+    import zarr
+
+    import durable.zarr as dz
+
+    url = os.path.join(tmp_path, "g")
+    with dz.writing(url) as store:
+        root = zarr.group(store)
+        root.create_array("a", shape=(10,), chunks=(3,), dtype="int16")[:] = np.arange(10)
+        root.create_group("sub").create_array("b", shape=(2,), chunks=(1,), dtype="bool")[:] = 1
+    with pytest.raises(ValueError, match=r"g/zarr\.json: a zarr group, not an array; pass "
+                       r"path= .*: a, sub, sub/b$"):
+        dts.open(url)
+    with pytest.raises(ValueError, match=r"g/sub/zarr\.json: a zarr group, .*: sub/b$"):
+        dts.read(url, path="sub")
+    assert dts.read(url, path="sub/b").tolist() == [True, True]
+
+
 def test_a_huge_marker_on_s3_is_refused_without_downloading_it(
         s3_bucket: Bucket, proxy: FaultProxy) -> None:
     """A commit.json of 48 MiB (hostile or corrupt) on S3: the open refuses it by the size

@@ -210,6 +210,14 @@ def _metadata(place: Place, marker: Marker, key: str,
         raise ValueError(f"{url}: not a JSON metadata document: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{url}: not a JSON metadata document: {type(doc).__name__}")
+    if doc.get("node_type") == "group":
+        # tensorstore's own error named no object ('Expected "array", but received:
+        # "group"'): a group entry (durable.zarr, xarray) opened without path= is common.
+        arrays = sorted(k[:-len("/zarr.json")] for k in marker.manifest.objects
+                        if k.endswith("/zarr.json") and k != key
+                        and k.startswith(key[:-len("zarr.json")]))
+        raise ValueError(f"{url}: a zarr group, not an array; pass path= (from the entry's "
+                         f"root) naming an array inside it: {', '.join(arrays[:20]) or 'none'}")
     for name, value in (wanted or {}).items():
         if doc.get(name) != value:
             raise ValueError(f"{url}: metadata {name!r} is {doc.get(name)!r}, the spec asks "
