@@ -847,6 +847,22 @@ def test_a_killed_writer_leaves_an_entry_open_refuses(
     assert (dts.open(t.url("arr"), storage_options=t.options).read().result() == 7).all()
 
 
+def test_write_after_a_killed_writer_names_what_to_pass(tmp_path: Any) -> None:
+    """The INCOMPLETE entry's error suggests resume=True; `write` passed it on to
+    tensorstore.open, whose TypeError listed its whole signature and named nothing."""
+    url = os.path.join(tmp_path, "arr")
+    child = TsChild(url, "fresh", 7, 30, None)
+    child.run_until("chunk 2")
+    child.kill()
+    for name in ("resume", "update"):
+        with pytest.raises(TypeError, match=rf"arr: durable.tensorstore.write takes no "
+                           rf"{name}=: .*overwrite=True.*writing\(url, {name}=True\)"):
+            dts.write(url, values(30), chunks=[10, 10], **{name: True})
+    assert Entry(url).state() is State.INCOMPLETE  # nothing changed: the leftover is there
+    dts.write(url, values(30), chunks=[10, 10], overwrite=True)
+    assert dts.read(url).tolist() == values(30).tolist()
+
+
 _STREAM_CHILD = """
 import json, os, sys
 import numpy as np

@@ -482,6 +482,13 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
     """
     import numpy as np
 
+    for name in ("resume", "update"):
+        # Else passed on to tensorstore.open, whose TypeError lists its whole signature;
+        # an INCOMPLETE entry's error suggests resume=True, which `writing` takes.
+        if name in kwargs:
+            raise TypeError(f"{os.fspath(url)}: durable.tensorstore.write takes no {name}=: "
+                            "it writes the whole array; pass overwrite=True to write it "
+                            f"again, or use durable.tensorstore.writing(url, {name}=True)")
     values = np.asarray(data)
     if chunks is not None:
         kwargs["chunk_layout"] = ts.ChunkLayout(chunk_shape=list(chunks))
