@@ -1525,6 +1525,29 @@ def test_unquoted_etags_read_through_durable_with_a_private_cache(
             assert (got.read().result() == value).all()
 
 
+@pytest.mark.parametrize("checksum_codec", [True, False])
+def test_a_sharded_array_behind_unquoted_etags_is_durables_error(
+        checksum_codec: bool, s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """tensorstore reads a shard's chunks on the condition of the index's version, which an
+    unquoted ETag cannot express: plain tensorstore fails every read with 'Malformed
+    StorageGeneration'. durable says so at the open, for a sharded array of any codecs
+    (one without the crc32c codec got tensorstore's error)."""
+    url = s3_bucket.path("arr")
+    with dts.writing(url, storage_options=s3_bucket.storage_options) as w:
+        array = w.open(create=True, dtype=ts.int32, shape=[40, 40],
+                       checksum_codec=checksum_codec, **shards(Target("s3", url)))
+        w.write(array, np.ones((40, 40), "int32"))
+    proxy.add(faults.rewrite_etag("unquoted"))
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    plain = ts.open({"driver": "zarr3", "kvstore": dts.kvstore_spec(url, via)}).result()
+    with pytest.raises(ValueError, match="Malformed StorageGeneration"):
+        plain[0:10, 0:10].read().result()  # one inner chunk: its shard's index, then it
+    for how in (lambda: dts.read(url, storage_options=via),
+                lambda: dts.open(url, storage_options=via).read().result()):
+        with pytest.raises(dts.UnusableETagError, match="a sharded array cannot be read"):
+            how()
+
+
 def test_no_etag_at_all_is_a_clear_error(s3_bucket: Bucket, proxy: FaultProxy) -> None:
     url = s3_bucket.path("arr")
     child_write(url, "fresh", 1, 20, s3_bucket.storage_options)

@@ -24,8 +24,8 @@ from durable._errors import IntegrityError
 from durable.adapters.base import Adapter, ObjectInfo
 
 __all__ = ["CRC32C_RESIDUE", "array_metadata", "checksummed", "chunk_pattern", "every_chunk",
-           "full_shard_size", "grid_counts", "grid_keys", "is_codeword", "shard_crc",
-           "shard_layout"]
+           "full_shard_size", "grid_counts", "grid_keys", "is_codeword", "is_sharded",
+           "shard_crc", "shard_layout"]
 
 CRC32C_CODEC = {"name": "crc32c"}
 
@@ -82,6 +82,13 @@ def array_metadata(data: bytes) -> dict[str, Any] | None:
             "node_type") != "array" or not isinstance(meta.get("codecs"), list):
         return None
     return meta
+
+
+def is_sharded(meta: dict[str, Any]) -> bool:
+    """Whether the array's chunks are shards (a ``sharding_indexed`` codec), any layout."""
+    codecs = meta.get("codecs")
+    return isinstance(codecs, list) and any(_codec_name(c) == "sharding_indexed"
+                                            for c in codecs)
 
 
 def is_codeword(meta: dict[str, Any]) -> bool:

@@ -25,6 +25,7 @@ from durable._tensorstore_codecs import (
     grid_counts,
     grid_keys,
     is_codeword,
+    is_sharded,
     shard_layout,
 )
 from durable._tensorstore_kv import (
@@ -245,8 +246,7 @@ def _every_chunk_committed(marker: Marker, key: str, meta: dict[str, Any]) -> bo
     codecs = meta.get("codecs")
     if meta.get("node_type") != "array" or not isinstance(codecs, list):
         return False
-    sharded = any((c.get("name") if isinstance(c, dict) else c) == "sharding_indexed"
-                  for c in codecs)
+    sharded = is_sharded(meta)
     found = grid_counts(meta)
     if found is None or math.prod(found[1]) > len(objects):
         return False  # more grid positions than objects in the manifest: one is missing
@@ -270,8 +270,9 @@ def _sharded_reads_work(place: Place, found: Any, store: ts.TensorStore, marker:
     GCS-like store without generations fails that with 'Malformed StorageGeneration' at
     the first read of a shard): one element of the first stored shard is read here, so
     the handle is never handed over to fail with tensorstore's opaque error later."""
-    if key is None or not isinstance(meta, dict) or shard_layout(meta) is None:
-        return
+    if key is None or not isinstance(meta, dict) or not is_sharded(meta):
+        return  # any sharded array, not only crc32c-checked ones: tensorstore's
+        # 'Malformed StorageGeneration' reached the caller for one without the codec
     assert marker.manifest is not None
     keys = grid_keys(key[:-len(_METADATA["zarr3"])], meta)
     found_at = next((at for k, at in keys or [] if k in marker.manifest.objects), None)
