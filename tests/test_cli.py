@@ -730,6 +730,17 @@ def test_scan_shows_ages_and_lease_holders(place: Place) -> None:
     assert [ln for ln in table if url_of(place, "leased") in ln and "box:7" in ln]
 
 
+def test_scan_names_a_lease_it_cannot_read_as_unreadable(place: Place) -> None:
+    """Garbage in lease.json: the table said "None:None", a holder called None."""
+    place.write("leased/part-0", b"a writer at work")
+    place.write(".durable/leased/lease.json", b"\x00\xffgarbage")
+    row, = as_json(run("scan", place.url(), "--json"))["entries"]
+    assert "lease.json" in row["lease"]["error"] and row["lease"]["host"] is None
+    line, = [ln for ln in run("scan", place.url()).stdout.splitlines()
+             if url_of(place, "leased") in ln]
+    assert "unreadable" in line and "None" not in line
+
+
 # mark-complete --------------------------------------------------------------------------
 def test_mark_complete_dry_run_then_apply_then_nothing(place: Place) -> None:
     make_mixed_root(place)
