@@ -218,6 +218,42 @@ def test_a_completed_upload_counting_other_parts_is_taken_away(
     assert uploads(boto, s3_bucket) == []
 
 
+# --- listings -----------------------------------------------------------------------------
+def _truncated_with(token: str, body: bytes) -> bytes:
+    """A ListObjectsV2 page made to say: more follows, at ``token``."""
+    body = re.sub(rb"<NextContinuationToken>[^<]*</NextContinuationToken>", b"", body)
+    return re.sub(rb"<IsTruncated>\w+</IsTruncated>", b"<IsTruncated>true</IsTruncated>"
+                  b"<NextContinuationToken>" + token.encode() + b"</NextContinuationToken>",
+                  body)
+
+
+@pytest.mark.parametrize("store", ["token stuck", "pages restart"])
+def test_a_listing_that_goes_round_in_circles_is_an_error_never_a_hang(
+        s3_bucket: Bucket, proxy: FaultProxy, boto: Any, store: str) -> None:
+    """A store whose continuation token never advances (the same token on every page), or
+    whose pages start over: following it listed for ever (scan, verify, every commit)."""
+    for k in ("p/a", "p/b", "p/c"):
+        boto.put_object(Bucket=s3_bucket.name, Key=k, Body=b"x")
+    # Tokens moto knows (after p/a, after p/b), so the requests that follow them are valid.
+    after = [boto.list_objects_v2(Bucket=s3_bucket.name, Prefix="p/", MaxKeys=n
+                                  )["NextContinuationToken"] for n in (1, 2)]
+    pages = iter(range(1000))
+
+    def circles(body: bytes) -> bytes:
+        page = next(pages)
+        if store == "token stuck":  # p/a, p/b, p/c, then empty pages, all "more at T"
+            if page:
+                body = re.sub(rb"<Contents>.*?</Contents>", b"", body, flags=re.S)
+            return _truncated_with(after[0], body)
+        return _truncated_with(after[page % 2], body)  # p/b, p/c again, then p/c ...
+
+    proxy.add(faults.rewrite_body(circles, method="GET", query="list-type"))
+    adapter = _adapter({**s3_bucket.storage_options, "endpoint_url": proxy.url})
+    with pytest.raises(OSError, match=rf"s3://{s3_bucket.name}/p: .*round in circles"):
+        adapter.list(f"{s3_bucket.name}/p")
+    assert next(pages) == 2  # it stopped at the first page that repeated a key or a token
+
+
 # --- create-only --------------------------------------------------------------------------
 
 def test_create_only_race_has_exactly_one_winner(

@@ -387,10 +387,16 @@ class S3Adapter(Adapter):
                 return dict(sorted(got.items()))
         out: dict[str, ObjectInfo] = {}
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
+        tokens: set[str] = set()
         while True:
             resp = self._call("list_objects_v2", self.url(prefix), "ListObjectsV2", **kwargs)
             for obj in resp.get("Contents", []):
                 path = f"{bucket}/{obj['Key']}"
+                if obj["Key"][len(start):] in out:
+                    # A store whose pages go back (a continuation token that restarts):
+                    # following it would list for ever.
+                    raise OSError(f"{self.url(prefix)}: the listing named {self.url(path)} "
+                                  "twice: the store's pages go round in circles")
                 out[obj["Key"][len(start):]] = ObjectInfo(
                     path, int(obj["Size"]), etag(obj.get("ETag"), self.url(path)),
                     _timestamp(obj.get("LastModified")))
@@ -401,6 +407,10 @@ class S3Adapter(Adapter):
                 # Without a token the rest of the listing is unreachable: never return a part.
                 raise OSError(f"{self.url(prefix)}: truncated listing without a continuation "
                               "token")
+            if token in tokens:  # one that never advances: the same page for ever
+                raise OSError(f"{self.url(prefix)}: the store answered continuation token "
+                              f"{token!r} twice: its listing goes round in circles")
+            tokens.add(token)
             kwargs["ContinuationToken"] = token
 
     def _parse_timestamps_fast(self) -> None:

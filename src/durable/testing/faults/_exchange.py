@@ -45,6 +45,7 @@ from durable.testing.faults._kinds import (
     Error,
     ErrorBodyWith200,
     RequestInfo,
+    RewriteBody,
     RewriteEtag,
     ShortObject,
     StripHeaders,
@@ -333,6 +334,9 @@ class Exchange:
             elif isinstance(f, RewriteEtag) and self._rewrite_etag(f, resp_headers, rec):
                 if f.xml and resp_framing.kind in ("length", "chunked"):
                     body_override = self._rewrite_xml_etags(f, resp_headers, body_iter)
+            elif (isinstance(f, RewriteBody) and resp_framing.kind in ("length", "chunked")
+                  and self.proxy._consume(f, rec)):
+                body_override = self._rewrite_body(f, resp_headers, body_iter, body_override)
             elif isinstance(f, ShortObject) and 200 <= status < 300 and body_override is None:
                 action = self._short_object(f, status, resp_headers, resp_framing, rec)
                 if action is None:
@@ -524,6 +528,20 @@ class Exchange:
             return m.group(1) + text.encode() + m.group(3)
 
         body = re.sub(rb"(<ETag>)(.*?)(</ETag>)", repl, body, flags=re.S)
+        headers.set("Content-Length", str(len(body)))
+        return body
+
+    def _rewrite_body(self, f: RewriteBody, headers: Headers, body_iter: Iterator[bytes],
+                      body: bytes | None) -> bytes | None:
+        if body is None:
+            n = content_length(headers)
+            if n is not None and n > _MAX_XML_REWRITE:
+                return None
+            body = b"".join(body_iter)
+            if is_chunked(headers):
+                body = dechunk(body)
+                headers.remove("transfer-encoding")
+        body = f.rewrite(body)
         headers.set("Content-Length", str(len(body)))
         return body
 
