@@ -590,6 +590,25 @@ def test_object_short_by_whole_parts_is_caught_at_write_time(
 
 
 @pytest.mark.parametrize("mode", ["cut", "consistent"])
+def test_an_entrys_object_short_by_whole_parts_is_caught_at_write_time(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any,
+        mode: str) -> None:
+    """Incident 002 inside an entry: the commit's listing says the full size, as the HEAD
+    does, and the entry was committed COMPLETE over an object short by a part. Probed as
+    atomic_write probes one: refused, and the fresh entry's objects removed."""
+    proxy.add(faults.short_object(part_size=PART, parts_missing=1, mode=mode,  # type: ignore[arg-type]
+                                  path=_only("e/obj.bin")))
+    entry = Entry(s3_bucket.path("e"), storage_options=via_proxy)
+    with pytest.raises(IntegrityError, match=r"e/obj\.bin"), entry.writing() as w:
+        w.write_bytes("small", b"one PutObject: whole by its framing")
+        with w.open("obj.bin") as f:
+            f.write(os.urandom(MULTI))
+    assert Entry(s3_bucket.path("e"), storage_options=s3_bucket.storage_options
+                 ).state() is State.ABSENT
+    assert uploads(boto, s3_bucket) == []
+
+
+@pytest.mark.parametrize("mode", ["cut", "consistent"])
 def test_object_short_by_whole_parts_behind_a_full_head_is_caught_on_read(
         s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], mode: str) -> None:
     data = os.urandom(MULTI)
