@@ -18,6 +18,7 @@ must read data (a deep verify, an adoption).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -62,6 +63,8 @@ from durable._scan import (
 from durable.adapters import ObjectInfo
 from durable.adapters.base import Upload
 from durable.adapters.local import DEL_MARK
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TRUST", "AdoptReport", "Adoption", "CleanItem", "CleanReport", "RootVerifyReport",
            "Skipped", "Ticker", "apply_clean", "fmt_age", "mark_complete_root", "own_records",
@@ -549,6 +552,12 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     # make a live writer's leftovers look old.
     store_now = sv.adapter.now(sv.path) if clock == "store" else None
     at = now() if store_now is None else store_now
+    if clock == "store" and store_now is None and not sv.adapter.capabilities.in_process:
+        # Said, not silent: the plan's reasons name whose timestamps, not whose "now", and
+        # a clock here ahead of the writers' makes a live writer's leftovers look old.
+        log.warning("durable clean: %s sends no Date, so ages are measured by this "
+                    "machine's clock (as --clock local): it must agree with the writers' "
+                    "and the store's to well within --older-than", sv.url(""))
 
     def age_since(when: float | None) -> float | None:
         if when is None:
