@@ -526,3 +526,12 @@ def caused_by(exc: BaseException, found: Callable[[BaseException], bool]) -> boo
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def circling(listing: str, twice: str) -> OSError:
+    """A listing that named ``twice`` (an object's URL, or a page token) a second time: a
+    store whose pages go back or never advance (a continuation token that restarts or
+    sticks), which a client following it would list for ever (scan, verify, every
+    commit). Never a part of a listing either: an error naming the listing."""
+    return OSError(f"{listing}: the listing named {twice} twice: the store's pages go round "
+                   "in circles")

@@ -73,6 +73,7 @@ from durable.adapters.base import (
     Upload,
     VerifyLevel,
     VersionMismatchError,
+    circling,
 )
 
 __all__ = ["MIN_PART_SIZE", "S3Adapter"]
@@ -393,10 +394,7 @@ class S3Adapter(Adapter):
             for obj in resp.get("Contents", []):
                 path = f"{bucket}/{obj['Key']}"
                 if obj["Key"][len(start):] in out:
-                    # A store whose pages go back (a continuation token that restarts):
-                    # following it would list for ever.
-                    raise OSError(f"{self.url(prefix)}: the listing named {self.url(path)} "
-                                  "twice: the store's pages go round in circles")
+                    raise circling(self.url(prefix), self.url(path))
                 out[obj["Key"][len(start):]] = ObjectInfo(
                     path, int(obj["Size"]), etag(obj.get("ETag"), self.url(path)),
                     _timestamp(obj.get("LastModified")))
@@ -408,8 +406,7 @@ class S3Adapter(Adapter):
                 raise OSError(f"{self.url(prefix)}: truncated listing without a continuation "
                               "token")
             if token in tokens:  # one that never advances: the same page for ever
-                raise OSError(f"{self.url(prefix)}: the store answered continuation token "
-                              f"{token!r} twice: its listing goes round in circles")
+                raise circling(self.url(prefix), f"continuation token {token!r}")
             tokens.add(token)
             kwargs["ContinuationToken"] = token
 
