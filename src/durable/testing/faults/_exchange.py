@@ -506,9 +506,9 @@ class Exchange:
                 headers.set("ETag", new)
         return f.xml and is_xml
 
-    def _rewrite_xml_etags(
-        self, f: RewriteEtag, headers: Headers, body_iter: Iterator[bytes]
-    ) -> bytes | None:
+    @staticmethod
+    def _whole_body(headers: Headers, body_iter: Iterator[bytes]) -> bytes | None:
+        """The response body, dechunked, to rewrite; None if too large to hold."""
         n = content_length(headers)
         if n is not None and n > _MAX_XML_REWRITE:
             return None
@@ -516,6 +516,14 @@ class Exchange:
         if is_chunked(headers):
             body = dechunk(body)
             headers.remove("transfer-encoding")
+        return body
+
+    def _rewrite_xml_etags(
+        self, f: RewriteEtag, headers: Headers, body_iter: Iterator[bytes]
+    ) -> bytes | None:
+        body = self._whole_body(headers, body_iter)
+        if body is None:
+            return None
 
         def repl(m: re.Match[bytes]) -> bytes:
             inner = m.group(2).decode()
@@ -534,13 +542,9 @@ class Exchange:
     def _rewrite_body(self, f: RewriteBody, headers: Headers, body_iter: Iterator[bytes],
                       body: bytes | None) -> bytes | None:
         if body is None:
-            n = content_length(headers)
-            if n is not None and n > _MAX_XML_REWRITE:
+            body = self._whole_body(headers, body_iter)
+            if body is None:
                 return None
-            body = b"".join(body_iter)
-            if is_chunked(headers):
-                body = dechunk(body)
-                headers.remove("transfer-encoding")
         body = f.rewrite(body)
         headers.set("Content-Length", str(len(body)))
         return body
