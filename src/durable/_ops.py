@@ -352,6 +352,11 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
             skipped.append(Skipped(url, "no data"))
         elif (why := _carries_own_record(sv, key)) is not None:
             skipped.append(Skipped(url, why))
+        elif links := _links_among(sv, key):
+            skipped.append(Skipped(url, (
+                f"holds symlinks ({', '.join(links[:3])}): durable follows no link, so "
+                "its marker would leave them out; replace each with what it points to, "
+                "or remove it")))
         else:
             adoptions.append(Adoption(url, "planned", "unmarked data, no durable records",
                                       f.objects, f.size, key))
@@ -390,6 +395,15 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
                 if progress is not None:
                     progress("adopting", n, len(adoptions))
     return AdoptReport(sv.adapter.url(sv.path), apply, adoptions, skipped, marked)
+
+
+def _links_among(sv: Survey, key: str) -> list[str]:
+    """The symlinks (on a local disk) in the folders of the unmarked entry at ``key`` that
+    hold its objects: listings skip them, so adopting it recorded the entry without them
+    ("1 objects" for a folder of two files, one a link), and it read COMPLETE, whole."""
+    folders = {""} | {k.rpartition("/")[0] for k in sv.data(key) if "/" in k}
+    return sorted(f"{d}/{name}" if d else name for d in folders
+                  for name in sv.adapter.links_in(f"{sv.entry_path(key)}/{d}".rstrip("/")))
 
 
 def _holds_recorded(sv: Survey, f: EntryFound) -> str:
