@@ -123,6 +123,25 @@ def test_a_file_in_the_way_of_a_directory_is_named(tmp_path: Path) -> None:
     assert seen == []
 
 
+def test_a_temp_file_cleaned_away_mid_write_is_an_error_saying_so(tmp_path: Path) -> None:
+    """`durable clean --older-than` shorter than a write removes its temp file as a killed
+    writer's: the write failed with a bare ENOENT of the rename, naming only the temp."""
+    from click.testing import CliRunner
+
+    from durable.cli import cli
+
+    target = tmp_path / "m.pt"
+    with pytest.raises(FileNotFoundError, match=r"m\.pt: not published: its temp file "
+                       r"was removed while it was being written \(by `durable clean`"), \
+            atomic_write(str(target)) as f:
+        f.write(b"x" * 1000)
+        done = CliRunner().invoke(cli, ["clean", str(tmp_path), "--older-than", "0s",
+                                         "--apply", "--json"])
+        assert [i["kind"] for i in json.loads(done.stdout)["items"]] == ["temp"]
+        f.write(b"y")
+    assert os.listdir(tmp_path) == []  # nothing published
+
+
 def test_create_only_creates_when_absent(place: Place) -> None:
     with atomic_write(place.url("new.bin"), "xb") as f:
         f.write(b"created")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ from durable.testing.faults import (
     drop_connection,
     error,
     error_body_with_200,
+    rewrite_body,
     rewrite_etag,
     truncate_body,
 )
@@ -684,3 +686,24 @@ def test_writers_racing_to_commit_one_entry_leave_exactly_one_marker(
             entry = Entry(url, storage_options=opts)
             assert entry.state() is durable.State.COMPLETE
             assert entry.verify(deep=True).ok
+
+
+def test_a_listing_whose_pages_start_over_is_an_error_never_a_hang(
+        proxied: tuple[Bucket, FaultProxy]) -> None:
+    """A store whose continuation marker restarts the listing (azurite answers a marker it
+    did not make with the first page again): the SDK's pager followed it for ever."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    for k in ("p/a", "p/b"):
+        a.put(f"{bucket.name}/{k}", b"x")
+    pages = iter(range(1000))
+
+    def restarts(body: bytes) -> bytes:
+        next(pages)
+        body = re.sub(rb"<NextMarker\s*/>|<NextMarker>[^<]*</NextMarker>", b"", body)
+        return body.replace(b"</Blobs>", b"</Blobs><NextMarker>T</NextMarker>")
+
+    proxy.add(rewrite_body(restarts, method="GET", query="comp"))
+    with pytest.raises(OSError, match=rf"{bucket.name}/p: .*round in circles"):
+        a.list(f"{bucket.name}/p")
+    assert next(pages) == 2  # it stopped at the first page that repeated a key

@@ -129,3 +129,34 @@ def test_a_script_ending_in_a_commit_removes_its_attempt_record_cleanly(
                            **bucket.storage_options)
     root = f"{bucket.name}/.durable/quits"
     assert {p[len(root) + 1:] for p in fs.find(root)} == {"commit.json"}
+
+
+@pytest.mark.s3
+def test_a_store_that_stalls_the_removal_does_not_keep_the_process_from_ending(
+        s3_bucket: Bucket) -> None:
+    """The DeleteObjects never answered: the commit had returned, but the process could not
+    end for as long as the client retried it (over 6 minutes on S3). Past EXIT_PATIENCE
+    without progress the removal is left, said so, and the entry is COMPLETE."""
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.add(faults.delay(3600, method="POST", query="delete"))
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        script = textwrap.dedent(f"""
+            from durable import Entry
+            from durable import _background as background
+            background.EXIT_PATIENCE = 1.0
+            with Entry({s3_bucket.path('stalls')!r}, storage_options={options!r}).writing() as w:
+                w.write_bytes("a", b"1")
+        """)
+        try:
+            done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                                  text=True, timeout=100, check=True)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the process did not end: it waited for the stalled removal")
+        assert proxy.count(method="POST") >= 1  # the removal was sent, and held
+        # (seen while the proxy holds it: a proxy that stops passes held requests on)
+        assert {k.partition("/")[0] for k in _records(s3_bucket, "stalls")} == {
+            "commit.json", "attempts"}
+        assert Entry(s3_bucket.path("stalls"), storage_options=s3_bucket.storage_options
+                     ).state() is State.COMPLETE
+    assert "leaving 1 pieces of housekeeping" in done.stderr, done.stderr
+    assert "stalls: removing the committed attempt's records" in done.stderr

@@ -294,6 +294,33 @@ def test_neither_this_machines_clock_nor_the_writers_ages_an_entry(store: Store)
     assert kept.reason.endswith(" ago: younger than --older-than")
 
 
+@pytest.mark.s3
+def test_a_store_without_a_date_is_said_to_be_aged_by_this_machines_clock(
+        s3_bucket: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An S3-compatible endpoint whose answers carry no Date: clean fell back to this
+    machine's clock without a word, and a clock three days ahead planned a writer's
+    seconds-old entry for removal as if by the store's clock. Now it says so."""
+    from durable import Entry
+    from durable._ops import plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+    from durable.testing.faults import FaultProxy, strip_headers
+
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.add(strip_headers("^date$"))
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        writing = Entry(s3_bucket.path("r", "young"), storage_options=options).writing()
+        writing.__enter__().write_bytes("a", b"a writer at work")
+        adapter, path = resolve(s3_bucket.path("r"), options)
+        with caplog.at_level("WARNING", logger="durable"):
+            report = plan_clean(survey(adapter, path), older_than=3600, lease_wait=0,
+                                now=lambda: time.time() + DAYS)
+        writing.__exit__(None, None, None)
+    assert [i.url for i in report.items] == [s3_bucket.path("r", "young")]  # as documented
+    assert any("sends no Date" in r.getMessage() and "this machine's clock" in r.getMessage()
+               and s3_bucket.path("r") in r.getMessage() for r in caplog.records), caplog.text
+
+
 # uploads left open -----------------------------------------------------------------------
 def test_clean_aborts_the_staged_blocks_of_a_killed_azure_writer(azure: AzureStore) -> None:
     """A writer killed after staging a block leaves a blob of uncommitted blocks: invisible

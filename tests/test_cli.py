@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -730,7 +731,42 @@ def test_scan_shows_ages_and_lease_holders(place: Place) -> None:
     assert [ln for ln in table if url_of(place, "leased") in ln and "box:7" in ln]
 
 
+def test_scan_names_a_lease_it_cannot_read_as_unreadable(place: Place) -> None:
+    """Garbage in lease.json: the table said "None:None", a holder called None."""
+    place.write("leased/part-0", b"a writer at work")
+    place.write(".durable/leased/lease.json", b"\x00\xffgarbage")
+    row, = as_json(run("scan", place.url(), "--json"))["entries"]
+    assert "lease.json" in row["lease"]["error"] and row["lease"]["host"] is None
+    line, = [ln for ln in run("scan", place.url()).stdout.splitlines()
+             if url_of(place, "leased") in ln]
+    assert "unreadable" in line and "None" not in line
+
+
 # mark-complete --------------------------------------------------------------------------
+def test_mark_complete_never_adopts_a_folder_holding_symlinks(tmp_path: Path) -> None:
+    """Legacy data with a symlinked chunk and a symlinked folder: listings skip links, so
+    the folder was adopted without them ("1 objects" for three) and read COMPLETE."""
+    outside = tmp_path / "outside"
+    (outside / "d").mkdir(parents=True)
+    (outside / "f").write_bytes(b"shared chunk")
+    (outside / "d" / "g").write_bytes(b"x")
+    root = tmp_path / "root"
+    (root / "legacy" / "c").mkdir(parents=True)
+    (root / "legacy" / "c" / "0").write_bytes(b"data")
+    (root / "legacy" / "c" / "1").symlink_to(outside / "f")
+    (root / "legacy" / "more").symlink_to(outside / "d")
+    (root / "plain").mkdir()
+    (root / "plain" / "x").write_bytes(b"ok")
+    doc = as_json(run("mark-complete", str(root), "--apply", "--json"))
+    assert [(e["url"], e["status"]) for e in doc["entries"]] == [
+        (f"file://{root}/plain", "adopted")]
+    (skip,) = doc["skipped"]
+    assert skip["url"] == f"file://{root}/legacy"
+    assert "holds symlinks (c/1, more)" in skip["reason"]
+    assert not (root / ".durable" / "legacy").exists()
+    assert (outside / "f").read_bytes() == b"shared chunk"
+
+
 def test_mark_complete_dry_run_then_apply_then_nothing(place: Place) -> None:
     make_mixed_root(place)
     before = place.files()

@@ -44,6 +44,7 @@ from durable.testing.faults import (
     drop_connection,
     error,
     error_body_with_200,
+    rewrite_body,
     truncate_body,
 )
 from durable.testing.faults import short_object as short_object_fault
@@ -719,3 +720,28 @@ def test_read_small_is_one_bounded_get(server: str, request: pytest.FixtureReque
     assert a.read_small(f"{bucket.name}/absent", 10) is None
     with pytest.raises(ValueError, match=r"/small is 10 bytes, over the limit of 9"):
         a.read_small(f"{bucket.name}/small", 9)
+
+
+@pytest.mark.parametrize("store", ["token stuck", "pages restart"])
+def test_a_listing_that_goes_round_in_circles_is_an_error_never_a_hang(
+        proxied: tuple[Bucket, FaultProxy], store: str) -> None:
+    """A store whose page token never advances, or whose pages start over (the emulator
+    answers a token it did not make with the first page again): the listing followed it
+    for ever (scan, verify, every commit)."""
+    bucket, proxy = proxied
+    a = adapter(bucket)
+    for k in ("p/a", "p/b"):
+        a.put(f"{bucket.name}/{k}", b"x")
+    pages = iter(range(1000))
+
+    def circles(body: bytes) -> bytes:
+        page, doc = next(pages), json.loads(body)
+        if store == "token stuck" and page:
+            doc["items"] = []  # empty pages, all "more at T"
+        doc["nextPageToken"] = "T"
+        return json.dumps(doc).encode()
+
+    proxy.add(rewrite_body(circles, method="GET", path=rf"/b/{bucket.name}/o$"))
+    with pytest.raises(OSError, match=rf"gs://{bucket.name}/p: .*round in circles"):
+        a.list(f"{bucket.name}/p")
+    assert next(pages) == 2  # it stopped at the first page that repeated a key or a token

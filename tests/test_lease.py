@@ -42,7 +42,7 @@ from durable import (
 from durable._lease import LeaseWatch
 from durable.adapters import resolve
 from durable.adapters.base import VersionMismatchError
-from durable.testing.faults import FaultProxy, Match, delay, error
+from durable.testing.faults import FaultProxy, Match, delay, error, strip_headers
 from durable.testing.pytest_plugin import Bucket
 
 BEAT, STALE = 0.2, 1.0
@@ -728,6 +728,42 @@ def test_a_lease_with_no_modification_time_is_judged_by_the_watchers_clock(
             entry.delete()
         assert live.held
     assert entry.state() is State.COMPLETE
+
+
+class _AnHourAhead:
+    """The time module of a machine whose clock is an hour ahead of the store's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def time(self) -> float:
+        return time.time() + 3600
+
+
+@pytest.mark.s3
+def test_a_store_without_a_date_never_ages_a_live_lease_by_this_machines_clock(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An S3-compatible store that sends no Date: a live holder's lease was aged by this
+    machine's clock against the store's Last-Modified, and a clock an hour ahead made it
+    expired: an overwrite removed it and started over under the holder's writes. With no
+    Date it is watched instead, as with no modification time: renewed, so live."""
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.add(strip_headers("^date$"))
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        entry = Entry(s3_bucket.path("ent"), storage_options=options)
+        with Lease(entry, heartbeat=BEAT, stale_after=STALE) as holder, \
+                entry.writing(lease=holder) as w:
+            w.write_bytes("a", b"holder")
+            monkeypatch.setattr(durable._lease, "time", _AnHourAhead())
+            other = Entry(s3_bucket.path("ent"), storage_options=options)
+            with pytest.raises(IncompleteExistsError, match=r"renewed .* after this writer "
+                               "first saw it"), other.writing(overwrite=True):
+                pass  # pragma: no cover
+            monkeypatch.undo()
+            assert holder.held
+            w.write_bytes("b", b"holder")
+        assert Entry(s3_bucket.path("ent"), storage_options=s3_bucket.storage_options
+                     ).verify(deep=True).ok
 
 
 def test_stale_after_must_leave_room_for_renewals(local: Place) -> None:

@@ -218,6 +218,42 @@ def test_a_completed_upload_counting_other_parts_is_taken_away(
     assert uploads(boto, s3_bucket) == []
 
 
+# --- listings -----------------------------------------------------------------------------
+def _truncated_with(token: str, body: bytes) -> bytes:
+    """A ListObjectsV2 page made to say: more follows, at ``token``."""
+    body = re.sub(rb"<NextContinuationToken>[^<]*</NextContinuationToken>", b"", body)
+    return re.sub(rb"<IsTruncated>\w+</IsTruncated>", b"<IsTruncated>true</IsTruncated>"
+                  b"<NextContinuationToken>" + token.encode() + b"</NextContinuationToken>",
+                  body)
+
+
+@pytest.mark.parametrize("store", ["token stuck", "pages restart"])
+def test_a_listing_that_goes_round_in_circles_is_an_error_never_a_hang(
+        s3_bucket: Bucket, proxy: FaultProxy, boto: Any, store: str) -> None:
+    """A store whose continuation token never advances (the same token on every page), or
+    whose pages start over: following it listed for ever (scan, verify, every commit)."""
+    for k in ("p/a", "p/b", "p/c"):
+        boto.put_object(Bucket=s3_bucket.name, Key=k, Body=b"x")
+    # Tokens moto knows (after p/a, after p/b), so the requests that follow them are valid.
+    after = [boto.list_objects_v2(Bucket=s3_bucket.name, Prefix="p/", MaxKeys=n
+                                  )["NextContinuationToken"] for n in (1, 2)]
+    pages = iter(range(1000))
+
+    def circles(body: bytes) -> bytes:
+        page = next(pages)
+        if store == "token stuck":  # p/a, p/b, p/c, then empty pages, all "more at T"
+            if page:
+                body = re.sub(rb"<Contents>.*?</Contents>", b"", body, flags=re.S)
+            return _truncated_with(after[0], body)
+        return _truncated_with(after[page % 2], body)  # p/b, p/c again, then p/c ...
+
+    proxy.add(faults.rewrite_body(circles, method="GET", query="list-type"))
+    adapter = _adapter({**s3_bucket.storage_options, "endpoint_url": proxy.url})
+    with pytest.raises(OSError, match=rf"s3://{s3_bucket.name}/p: .*round in circles"):
+        adapter.list(f"{s3_bucket.name}/p")
+    assert next(pages) == 2  # it stopped at the first page that repeated a key or a token
+
+
 # --- create-only --------------------------------------------------------------------------
 
 def test_create_only_race_has_exactly_one_winner(
@@ -550,6 +586,25 @@ def test_object_short_by_whole_parts_is_caught_at_write_time(
                          verify=verify) as f:
         f.write(os.urandom(MULTI))
     assert stored(boto, s3_bucket, "obj.bin") is None  # taken away, never left as whole
+    assert uploads(boto, s3_bucket) == []
+
+
+@pytest.mark.parametrize("mode", ["cut", "consistent"])
+def test_an_entrys_object_short_by_whole_parts_is_caught_at_write_time(
+        s3_bucket: Bucket, proxy: FaultProxy, via_proxy: dict[str, Any], boto: Any,
+        mode: str) -> None:
+    """Incident 002 inside an entry: the commit's listing says the full size, as the HEAD
+    does, and the entry was committed COMPLETE over an object short by a part. Probed as
+    atomic_write probes one: refused, and the fresh entry's objects removed."""
+    proxy.add(faults.short_object(part_size=PART, parts_missing=1, mode=mode,  # type: ignore[arg-type]
+                                  path=_only("e/obj.bin")))
+    entry = Entry(s3_bucket.path("e"), storage_options=via_proxy)
+    with pytest.raises(IntegrityError, match=r"e/obj\.bin"), entry.writing() as w:
+        w.write_bytes("small", b"one PutObject: whole by its framing")
+        with w.open("obj.bin") as f:
+            f.write(os.urandom(MULTI))
+    assert Entry(s3_bucket.path("e"), storage_options=s3_bucket.storage_options
+                 ).state() is State.ABSENT
     assert uploads(boto, s3_bucket) == []
 
 

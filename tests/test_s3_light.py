@@ -7,6 +7,7 @@ client that shares nothing with durable.
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
@@ -267,3 +268,23 @@ def test_a_put_answered_200_with_an_error_document_is_no_write(
     proxy.clear_requests()
     adapter.put(f"{s3_bucket.name}/small", b"x")  # a store's own answer: one request
     assert [r.method for r in proxy.requests] == ["PUT"]
+
+
+def test_a_slowdown_burst_s3fs_rides_out_fails_no_commit(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """503 SlowDown ten times in a row on the marker's PUT: s3fs sends a PutObject up to 25
+    times, so obstore must not give up sooner (it did after 5, within a second, failing a
+    commit whose data s3fs had put through the same burst). Backoff made short here only."""
+    monkeypatch.setattr(light, "_RETRIES", {**light._RETRIES, "backoff": {
+        "init_backoff": datetime.timedelta(milliseconds=1),
+        "max_backoff": datetime.timedelta(milliseconds=2), "base": 1.01}})
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        adapter = _adapter(options)
+        proxy.add(faults.error(503, "SlowDown", method="PUT", times=10,
+                               path=re.compile(r"/commit\.json$")))
+        adapter.put(f"{s3_bucket.name}/.durable/e/commit.json", b"{}", create_only=True)
+        assert adapter._light_stores[s3_bucket.name] is not None  # through obstore
+        assert [r.status for r in proxy.requests if r.method == "PUT"
+                and r.key == ".durable/e/commit.json"] == [503] * 10 + [200]
+    assert _stored(s3_bucket, ".durable/e/commit.json") == b"{}"

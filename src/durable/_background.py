@@ -10,10 +10,14 @@ What this cannot break:
 
 - The protocol's order. A removal is handed over only after the marker's PUT returned, so
   a failing writer that finds no attempt record finds the marker (`Entry.writing`).
-- A process that ends. `concurrent.futures` joins its worker at interpreter exit, after
-  the work already queued: a normal exit leaves nothing behind. A killed process leaves
-  the records beside the marker, as a kill between the marker and the removal always
-  could: the entry is COMPLETE all the same, and `durable clean` removes them.
+- A process that ends. At interpreter exit the work already queued is waited for: a
+  normal exit leaves nothing behind. But only while it moves: once no piece has finished
+  for `EXIT_PATIENCE` seconds (a store that stalls: a client retries a request that never
+  answers for many minutes, 25 tries of 60 s on S3) the rest is left, with a warning, and
+  the process ends; its thread is a daemon for that. A process whose commits had returned
+  could not exit for over 6 minutes behind a stalled DeleteObjects. What is left, as what
+  a killed process leaves, is records beside the marker: the entry is COMPLETE all the
+  same, and `durable clean` removes them.
 - The caller. A failed removal is logged, never raised: a leftover record is harmless.
 
 Local disk and memory answer in microseconds: there the work runs at once, in the caller.
@@ -23,20 +27,30 @@ caller that wants the store quiet).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
-__all__ = ["later", "wait"]
+__all__ = ["EXIT_PATIENCE", "later", "wait"]
 
 log = logging.getLogger(__name__)
 
+#: At interpreter exit, how long to wait for the next piece of queued work to finish
+#: before leaving the rest (seconds): a healthy store answers a removal in milliseconds.
+EXIT_PATIENCE = 30.0
+
+_Work = tuple[Callable[[], None], str, "Future[None]"]
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pending: set[Future[None]] = set()
+_queue: queue.SimpleQueue[_Work] = queue.SimpleQueue()
+_thread: threading.Thread | None = None
+_pending: dict[Future[None], str] = {}
+_exiting = False
 
 
 def later(work: Callable[[], None], what: str, *, now: bool = False) -> None:
@@ -45,13 +59,26 @@ def later(work: Callable[[], None], what: str, *, now: bool = False) -> None:
     if now:
         _run(work, what)
         return
-    global _pool
+    global _thread
+    future: Future[None] = Future()
     with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(1, thread_name_prefix="durable-housekeeping")
-            _drain_before_executors_close()
-        future = _pool.submit(_run, work, what)
-        _pending.add(future)
+        if _thread is None and not _exiting:
+            # A daemon: a stalled store must not keep the process from ending (at exit
+            # `_wait_quietly` waits while the work moves, then leaves it).
+            thread = threading.Thread(target=_work, name="durable-housekeeping", daemon=True)
+            with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown
+                thread.start()
+                _thread = thread
+                _drain_before_executors_close()
+        # Past the exit wait (a commit in an atexit handler), or with no thread: a daemon
+        # would be stopped with the work undone; the caller does it.
+        queued = _thread is not None and not _exiting
+        if queued:
+            _pending[future] = what
+            _queue.put((work, what, future))
+    if not queued:
+        _run(work, what)
+        return
     future.add_done_callback(_done)
 
 
@@ -66,22 +93,44 @@ def wait(timeout: float | None = None) -> None:
 
 def _drain_before_executors_close() -> None:
     """At interpreter exit, wait for the work handed over before `concurrent.futures`
-    stops taking new work anywhere. Its own exit hook joins this thread only after it has
-    closed every executor, asyncio's default one included, where a new connection's DNS
-    lookup goes (aiohttp): a removal still to connect then failed ("cannot schedule new
-    futures after interpreter shutdown", on Azure, whose SDK opens a client per blob),
-    logged a warning and left the record for `durable clean`. Hooks registered here run
-    in reverse order, so this one, registered after that module's, runs first."""
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:
-        return  # another Python: the join at exit still runs the work, as before
+    stops taking new work anywhere. Its own exit hook closes every executor, asyncio's
+    default one included, where a new connection's DNS lookup goes (aiohttp): a removal
+    still to connect then failed ("cannot schedule new futures after interpreter
+    shutdown", on Azure, whose SDK opens a client per blob), logged a warning and left
+    the record for `durable clean`. Hooks registered here run in reverse order, so this
+    one, registered after that module's, runs first."""
+    # Another Python: atexit's hooks still run before daemon threads stop.
+    register = getattr(threading, "_register_atexit", atexit.register)
     with contextlib.suppress(RuntimeError):  # already shutting down: nothing to hook
         register(_wait_quietly)
 
 
 def _wait_quietly() -> None:
-    with contextlib.suppress(Exception):
-        wait()
+    global _exiting
+    with _lock:
+        _exiting = True
+    while True:
+        with _lock:
+            futures = [f for f in _pending if not f.done()]
+        if not futures:
+            return
+        try:
+            futures[0].result(EXIT_PATIENCE)
+        except FutureTimeout:
+            with _lock:
+                left = [what for f, what in _pending.items() if not f.done()]
+            log.warning("leaving %d pieces of housekeeping the store did not answer for "
+                        "%.0f s at exit (left for `durable clean`): %s", len(left),
+                        EXIT_PATIENCE, "; ".join(left))
+            return
+
+
+def _work() -> None:
+    while True:
+        work, what, future = _queue.get()
+        if future.set_running_or_notify_cancel():
+            _run(work, what)
+            future.set_result(None)
 
 
 def _run(work: Callable[[], None], what: str) -> None:
@@ -93,14 +142,15 @@ def _run(work: Callable[[], None], what: str) -> None:
 
 def _done(future: Future[None]) -> None:
     with _lock:
-        _pending.discard(future)
+        _pending.pop(future, None)
 
 
 def _forget() -> None:
     # A forked child has no copy of the parent's thread: its queue is not the child's.
-    global _pool, _lock
+    global _thread, _lock, _queue
     _lock = threading.Lock()
-    _pool = None
+    _queue = queue.SimpleQueue()
+    _thread = None
     _pending.clear()
 
 

@@ -159,20 +159,26 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
                 "Wait for that writer to commit or for its lease to expire, or write under "
                 "the lease (durable.Lease) once it is free")), url=entry.url)
 
-    if info.modified is None:
-        # No modification time to age it by (the generic adapter): judged as a waiter
-        # judges, by this machine's clock from this first look. Counted live for good, a
-        # dead holder's lease kept every writer out forever.
+    # A store across a network that sends no Date (some S3-compatible endpoints): its
+    # modification times are by its clock, not this machine's, which may be ahead by more
+    # than stale_after and make a live holder's lease look expired. Watched instead.
+    store_now = None if info.modified is None or adapter.capabilities.in_process else (
+        adapter.now(path))
+    if info.modified is None or (store_now is None and not adapter.capabilities.in_process):
+        # No time to age it by (the generic adapter: no modification time; no Date):
+        # judged as a waiter judges, by this machine's clock from this first look. Counted
+        # live for good, a dead holder's lease kept every writer out forever.
+        lacks = ("no modification time" if info.modified is None else
+                 "no Date to age its modification time by")
         if info.version is None:
-            raise held("the store gives neither its modification time nor its version, "
-                       "so its age cannot be told")
+            raise held(f"the store gives {lacks} and no version, so its age cannot be told")
         if not remove:
-            raise held("the store gives no modification time: a writer starting over or "
-                       f"resuming watches it for up to {limit:g} s to tell")
+            raise held(f"the store gives {lacks}: a writer starting over or resuming "
+                       f"watches it for up to {limit:g} s to tell")
         t0 = time.monotonic()
-        log.warning("%s: the lease %s (%s) has no modification time: watching it for up to "
-                    "%g s to tell whether its writer is alive", entry.url, lease_url,
-                    describe(holder), limit)
+        log.warning("%s: the store gives the lease %s (%s) %s: watching it for up to %g s "
+                    "to tell whether its writer is alive", entry.url, lease_url,
+                    describe(holder), lacks, limit)
         seen, age = _watch_unchanged(adapter, path, info.version, t0, limit)
         if seen == "gone":
             return None  # released meanwhile
@@ -180,7 +186,7 @@ def refuse_live_lease(entry: Entry, doing: str, *, remove: bool = True,
             raise held(f"renewed {age:.1f} s after this writer first saw it")
         clock = "this machine's (watched from its first look)"
     else:
-        store_now = adapter.now(path)
+        assert info.modified is not None
         clock = "this machine's" if store_now is None else "the store's"
         age = max(0.0, (time.time() if store_now is None else store_now) - info.modified)
         if age <= limit + _CLOCK_STEP:

@@ -18,6 +18,7 @@ must read data (a deep verify, an adoption).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -62,6 +63,8 @@ from durable._scan import (
 from durable.adapters import ObjectInfo
 from durable.adapters.base import Upload
 from durable.adapters.local import DEL_MARK
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TRUST", "AdoptReport", "Adoption", "CleanItem", "CleanReport", "RootVerifyReport",
            "Skipped", "Ticker", "apply_clean", "fmt_age", "mark_complete_root", "own_records",
@@ -349,6 +352,11 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
             skipped.append(Skipped(url, "no data"))
         elif (why := _carries_own_record(sv, key)) is not None:
             skipped.append(Skipped(url, why))
+        elif links := _links_among(sv, key):
+            skipped.append(Skipped(url, (
+                f"holds symlinks ({', '.join(links[:3])}): durable follows no link, so "
+                "its marker would leave them out; replace each with what it points to, "
+                "or remove it")))
         else:
             adoptions.append(Adoption(url, "planned", "unmarked data, no durable records",
                                       f.objects, f.size, key))
@@ -387,6 +395,15 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
                 if progress is not None:
                     progress("adopting", n, len(adoptions))
     return AdoptReport(sv.adapter.url(sv.path), apply, adoptions, skipped, marked)
+
+
+def _links_among(sv: Survey, key: str) -> list[str]:
+    """The symlinks (on a local disk) in the folders of the unmarked entry at ``key`` that
+    hold its objects: listings skip them, so adopting it recorded the entry without them
+    ("1 objects" for a folder of two files, one a link), and it read COMPLETE, whole."""
+    folders = {""} | {k.rpartition("/")[0] for k in sv.data(key) if "/" in k}
+    return sorted(f"{d}/{name}" if d else name for d in folders
+                  for name in sv.adapter.links_in(f"{sv.entry_path(key)}/{d}".rstrip("/")))
 
 
 def _holds_recorded(sv: Survey, f: EntryFound) -> str:
@@ -549,6 +566,12 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     # make a live writer's leftovers look old.
     store_now = sv.adapter.now(sv.path) if clock == "store" else None
     at = now() if store_now is None else store_now
+    if clock == "store" and store_now is None and not sv.adapter.capabilities.in_process:
+        # Said, not silent: the plan's reasons name whose timestamps, not whose "now", and
+        # a clock here ahead of the writers' makes a live writer's leftovers look old.
+        log.warning("durable clean: %s sends no Date, so ages are measured by this "
+                    "machine's clock (as --clock local): it must agree with the writers' "
+                    "and the store's to well within --older-than", sv.url(""))
 
     def age_since(when: float | None) -> float | None:
         if when is None:

@@ -85,7 +85,8 @@ for "committed_at"/"started_at", the store's for "object mtime"/"records mtime")
                   "age": float | null, "age_source": str | null,
                   "age_clock": "writer" | "store" | null,
                   "lease": null | {"holder", "host", "pid", "acquired_at", "heartbeat",
-                                   "stale_after", "file_age": float | null}}]}
+                                   "stale_after", "file_age": float | null,
+                                   "error": str (only for a lease that cannot be read)}}]}
 
 mark-complete (``status`` "planned" in a dry run)::
 
@@ -788,7 +789,9 @@ def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: b
 def _holder(lease: dict[str, Any] | None) -> str:
     if lease is None:
         return "-"
-    who = f"{lease.get('host')}:{lease.get('pid')}"
+    # A lease that cannot be read (garbage, not JSON) has no holder to name: "None:None"
+    # read as a holder called None; its error is in --json.
+    who = "unreadable" if lease.get("error") else f"{lease.get('host')}:{lease.get('pid')}"
     seen = lease.get("file_age")
     return who if seen is None else f"{who} ({fmt_age(seen)} ago)"
 

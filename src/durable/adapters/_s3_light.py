@@ -69,8 +69,11 @@ _ENV_ALIKE = frozenset({
     "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
     "AWS_EC2_METADATA_DISABLED", "AWS_CA_BUNDLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
     "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
-# As s3fs's botocore retries a PutObject (a lost answer, a 5xx): a few times, not for minutes.
-_RETRIES: RetryConfig = {"max_retries": 4, "retry_timeout": datetime.timedelta(seconds=60)}
+# As persistent as s3fs on a lost answer or a 5xx (503 SlowDown): it sends a PutObject up to
+# 25 times over about 45 s (botocore's 5 attempts, each of s3fs's 5 tries), where obstore's
+# 5 attempts gave up within a second, so a one-second SlowDown burst failed a commit at its
+# marker that s3fs rode out. Still bounded: 60 s from the first try.
+_RETRIES: RetryConfig = {"max_retries": 24, "retry_timeout": datetime.timedelta(seconds=60)}
 _LOCK = threading.Lock()
 
 

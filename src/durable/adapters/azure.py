@@ -78,6 +78,7 @@ from durable.adapters.base import (
     VerifyLevel,
     VersionMismatchError,
     caused_by,
+    circling,
     strong_etag,
 )
 
@@ -403,6 +404,8 @@ class AzureAdapter(Adapter):
                                                     include=["metadata"], **self._timeouts):
                     if _is_folder(blob.metadata) or blob.name.endswith("/"):
                         continue
+                    if blob.name[len(key):] in out:  # the SDK's pager would go on for ever
+                        raise circling(self.url(prefix), self.url(f"{container}/{blob.name}"))
                     out[blob.name[len(key):]] = ObjectInfo(
                         f"{container}/{blob.name}", int(blob.size),
                         _etag(blob.etag, self.url(f"{container}/{blob.name}")),

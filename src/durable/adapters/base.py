@@ -353,6 +353,13 @@ class Adapter(ABC):
     #: What `atomic_write` checks after a write when not told: see `verify_written`.
     default_verify: ClassVar[VerifyLevel] = "size"
 
+    def check_parts(self, path: str, checksum: Checksum) -> None:
+        """An object an entry's writer just wrote, checked where it was written in parts as
+        `atomic_write` checks one by default (incident 002: whole parts lost behind a
+        full-size HEAD, which the commit's listing cannot see either). Nothing here: only
+        stores that assemble an object from parts can lose one (`S3Adapter`)."""
+        return
+
     def verify_written(self, path: str, checksum: Checksum, level: VerifyLevel) -> None:
         """Check a just-written object against what the writer sent.
 
@@ -519,3 +526,12 @@ def caused_by(exc: BaseException, found: Callable[[BaseException], bool]) -> boo
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def circling(listing: str, twice: str) -> OSError:
+    """A listing that named ``twice`` (an object's URL, or a page token) a second time: a
+    store whose pages go back or never advance (a continuation token that restarts or
+    sticks), which a client following it would list for ever (scan, verify, every
+    commit). Never a part of a listing either: an error naming the listing."""
+    return OSError(f"{listing}: the listing named {twice} twice: the store's pages go round "
+                   "in circles")

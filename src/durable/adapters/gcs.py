@@ -64,6 +64,7 @@ from durable.adapters.base import (
     Upload,
     VerifyLevel,
     VersionMismatchError,
+    circling,
 )
 
 __all__ = ["CHUNK", "READ_TIMEOUT", "GCSAdapter"]
@@ -480,6 +481,7 @@ class GCSAdapter(Adapter):
         bucket, key = self._split(prefix.rstrip("/") + "/")
         out: dict[str, ObjectInfo] = {}
         token = None
+        tokens: set[str] = set()
         while True:
             try:
                 page = self._call_on(prefix, "listing", "GET", "b/{}/o", bucket,
@@ -493,11 +495,16 @@ class GCSAdapter(Adapter):
                 name = item["name"]
                 if name.endswith("/"):
                     continue  # a "directory" placeholder, not an object
+                if name[len(key):] in out:
+                    raise circling(self.url(prefix), self.url(f"{bucket}/{name}"))
                 out[name[len(key):]] = ObjectInfo(f"{bucket}/{name}", int(item["size"]),
                                                   str(item["generation"]), _modified(item))
             token = page.get("nextPageToken")
             if not token or (limit is not None and len(out) >= limit):
                 return out
+            if token in tokens:  # one that never advances: the same page for ever
+                raise circling(self.url(prefix), f"page token {token!r}")
+            tokens.add(token)
 
     def list(self, prefix: str) -> dict[str, ObjectInfo]:
         return dict(sorted(self._listing(prefix).items()))

@@ -431,6 +431,14 @@ class _LocalAtomicFile(AtomicFile):
         st = os.fstat(fd)
         self._fd = None
         os.close(fd)
+        if st.st_nlink == 0:
+            # Removed while open (`durable clean` takes a temp file older than its
+            # --older-than for a killed writer's): the rename would fail with a bare
+            # ENOENT naming only the temp file.
+            raise FileNotFoundError(
+                errno.ENOENT, f"{self.path}: not published: its temp file was removed while "
+                "it was being written (by `durable clean` with an --older-than shorter than "
+                "this write, or another tool); nothing was written", self._tmp)
         if self._create_only:
             # link(2) fails if the target exists: a create-only publish with no window.
             os.link(self._tmp, self.path)

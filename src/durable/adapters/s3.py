@@ -73,6 +73,7 @@ from durable.adapters.base import (
     Upload,
     VerifyLevel,
     VersionMismatchError,
+    circling,
 )
 
 __all__ = ["MIN_PART_SIZE", "S3Adapter"]
@@ -387,10 +388,13 @@ class S3Adapter(Adapter):
                 return dict(sorted(got.items()))
         out: dict[str, ObjectInfo] = {}
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
+        tokens: set[str] = set()
         while True:
             resp = self._call("list_objects_v2", self.url(prefix), "ListObjectsV2", **kwargs)
             for obj in resp.get("Contents", []):
                 path = f"{bucket}/{obj['Key']}"
+                if obj["Key"][len(start):] in out:
+                    raise circling(self.url(prefix), self.url(path))
                 out[obj["Key"][len(start):]] = ObjectInfo(
                     path, int(obj["Size"]), etag(obj.get("ETag"), self.url(path)),
                     _timestamp(obj.get("LastModified")))
@@ -401,6 +405,9 @@ class S3Adapter(Adapter):
                 # Without a token the rest of the listing is unreachable: never return a part.
                 raise OSError(f"{self.url(prefix)}: truncated listing without a continuation "
                               "token")
+            if token in tokens:  # one that never advances: the same page for ever
+                raise circling(self.url(prefix), f"continuation token {token!r}")
+            tokens.add(token)
             kwargs["ContinuationToken"] = token
 
     def _parse_timestamps_fast(self) -> None:
@@ -490,6 +497,12 @@ class S3Adapter(Adapter):
         return S3Body(self.fs.loop, resp["Body"], url)
 
     # verifying ----------------------------------------------------------------------------
+    def check_parts(self, path: str, checksum: Checksum) -> None:
+        # A multipart object of an entry: an entry committed COMPLETE over one short by a
+        # part (its listing says the full size), found only by a verified read.
+        if isinstance(checksum, WrittenChecksum) and len(checksum.part_ends) > 1:
+            self.verify_written(path, checksum, self.default_verify)
+
     def verify_written(self, path: str, checksum: Checksum, level: VerifyLevel) -> None:
         """Check the stored object: see `Adapter.verify_written`. On S3, for a write made
         by this adapter (``checksum`` is its file's):

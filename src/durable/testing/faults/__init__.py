@@ -34,6 +34,8 @@ Kinds (see each class for details):
                          that cached an error page as the object).
 ``rewrite_etag``         ETag header (and ``<ETag>`` elements in XML bodies) made
                          unquoted, weak, empty, absent, or rewritten by a callable.
+``rewrite_body``         a response body replaced by a function of it (a store that
+                         answers wrongly but well-formed: a listing going in circles).
 ``delay``                sleep before forwarding, or between response head and body.
 ``drop_connection``      close the socket without a response, after the upstream
                          applied the request, or after ``after_bytes`` body bytes.
@@ -84,6 +86,7 @@ from durable.testing.faults._kinds import (
     Fault,
     Match,
     RequestInfo,
+    RewriteBody,
     RewriteEtag,
     Scope,
     ShortObject,
@@ -95,6 +98,7 @@ from durable.testing.faults._kinds import (
     drop_part_bytes,
     error,
     error_body_with_200,
+    rewrite_body,
     rewrite_etag,
     s3_error_document,
     short_object,
@@ -120,6 +124,7 @@ __all__ = [
     "Error",
     "ErrorBodyWith200",
     "RewriteEtag",
+    "RewriteBody",
     "Delay",
     "DropConnection",
     "StripHeaders",
@@ -134,6 +139,7 @@ __all__ = [
     "error",
     "error_body_with_200",
     "rewrite_etag",
+    "rewrite_body",
     "delay",
     "drop_connection",
     "strip_headers",

@@ -45,6 +45,7 @@ from durable.testing.faults._kinds import (
     Error,
     ErrorBodyWith200,
     RequestInfo,
+    RewriteBody,
     RewriteEtag,
     ShortObject,
     StripHeaders,
@@ -333,6 +334,9 @@ class Exchange:
             elif isinstance(f, RewriteEtag) and self._rewrite_etag(f, resp_headers, rec):
                 if f.xml and resp_framing.kind in ("length", "chunked"):
                     body_override = self._rewrite_xml_etags(f, resp_headers, body_iter)
+            elif (isinstance(f, RewriteBody) and resp_framing.kind in ("length", "chunked")
+                  and self.proxy._consume(f, rec)):
+                body_override = self._rewrite_body(f, resp_headers, body_iter, body_override)
             elif isinstance(f, ShortObject) and 200 <= status < 300 and body_override is None:
                 action = self._short_object(f, status, resp_headers, resp_framing, rec)
                 if action is None:
@@ -502,9 +506,9 @@ class Exchange:
                 headers.set("ETag", new)
         return f.xml and is_xml
 
-    def _rewrite_xml_etags(
-        self, f: RewriteEtag, headers: Headers, body_iter: Iterator[bytes]
-    ) -> bytes | None:
+    @staticmethod
+    def _whole_body(headers: Headers, body_iter: Iterator[bytes]) -> bytes | None:
+        """The response body, dechunked, to rewrite; None if too large to hold."""
         n = content_length(headers)
         if n is not None and n > _MAX_XML_REWRITE:
             return None
@@ -512,6 +516,14 @@ class Exchange:
         if is_chunked(headers):
             body = dechunk(body)
             headers.remove("transfer-encoding")
+        return body
+
+    def _rewrite_xml_etags(
+        self, f: RewriteEtag, headers: Headers, body_iter: Iterator[bytes]
+    ) -> bytes | None:
+        body = self._whole_body(headers, body_iter)
+        if body is None:
+            return None
 
         def repl(m: re.Match[bytes]) -> bytes:
             inner = m.group(2).decode()
@@ -524,6 +536,16 @@ class Exchange:
             return m.group(1) + text.encode() + m.group(3)
 
         body = re.sub(rb"(<ETag>)(.*?)(</ETag>)", repl, body, flags=re.S)
+        headers.set("Content-Length", str(len(body)))
+        return body
+
+    def _rewrite_body(self, f: RewriteBody, headers: Headers, body_iter: Iterator[bytes],
+                      body: bytes | None) -> bytes | None:
+        if body is None:
+            body = self._whole_body(headers, body_iter)
+            if body is None:
+                return None
+        body = f.rewrite(body)
         headers.set("Content-Length", str(len(body)))
         return body
 

@@ -395,6 +395,18 @@ class RewriteEtag(Fault):
 
 
 @dataclass(eq=False, kw_only=True)
+class RewriteBody(Fault):
+    """Replace a response body (at most 16 MiB; a body of another framing is left alone) by
+    ``rewrite(body)``, Content-Length set to match: a store that answers a request wrongly
+    but well-formed (a listing whose continuation token never advances). ``rewrite`` gets
+    the whole body, dechunked. Default methods: all.
+    """
+
+    rewrite: Callable[[bytes], bytes]
+    kind: ClassVar[str] = "rewrite_body"
+
+
+@dataclass(eq=False, kw_only=True)
 class Delay(Fault):
     """Sleep ``seconds``: ``where="request"`` before forwarding the request (default),
     ``where="body"`` after sending the response headers and before the body. Default
@@ -538,6 +550,10 @@ def rewrite_etag(
     return RewriteEtag(style=style, xml=xml, **_scoped(scope))
 
 
+def rewrite_body(rewrite: Callable[[bytes], bytes], **scope: Unpack[Scope]) -> RewriteBody:
+    return RewriteBody(rewrite=rewrite, **_scoped(scope))
+
+
 def delay(
     seconds: float, *, where: Literal["request", "body"] = "request", **scope: Unpack[Scope]
 ) -> Delay:
@@ -558,6 +574,7 @@ FACTORIES: dict[str, Callable[..., Fault]] = {
     factory.__name__: factory
     for factory in (
         truncate_body, short_object, drop_part_bytes, corrupt_part_bytes, error,
-        error_body_with_200, rewrite_etag, delay, drop_connection, strip_headers,
+        error_body_with_200, rewrite_etag, rewrite_body, delay, drop_connection,
+        strip_headers,
     )
 }
