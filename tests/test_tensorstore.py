@@ -1433,13 +1433,14 @@ def test_a_rewrite_during_a_read_is_refused_never_a_mix(s3_bucket: Bucket) -> No
     child_write(url, "fresh", 1, 20, s3_bucket.storage_options)
 
     def rewritten_at_the_first_chunk(how: Any) -> Any:
-        child = TsChild(url, "overwrite", 2, 20, s3_bucket.storage_options)
         hooked: list[bool] = []
 
         def rewrite_now(info: faults.RequestInfo) -> bool:
             if info.method == "GET" and "/arr/c/" in info.path and not hooked:
                 hooked.append(True)
-                child.finish()  # recommitted with 2 before this chunk is read
+                # Started here, not before the open: a rewriter starts by removing the
+                # marker, and one started earlier could do so before the open.
+                rewrite(url, "overwrite", 2, 20, s3_bucket.storage_options)
             return False
 
         with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
