@@ -7,6 +7,7 @@ on the store), and what is on the store is read around durable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -26,6 +27,7 @@ from durable import (
     Entry,
     IncompleteError,
     IncompleteExistsError,
+    IntegrityError,
     State,
 )
 from durable.testing.pytest_plugin import Bucket
@@ -386,3 +388,72 @@ def test_workers_flush_what_they_recorded(client: Any, tmp_path: Any) -> None:
         data = da.ones((40, 30), chunks=(10, 10), dtype="float32")
         da.store(data, array, lock=False)
     assert Entry(url).verify(deep=True).ok
+
+
+
+def _store_rows(store: Any, data: Any, rows: slice) -> None:
+    """``data[rows]`` written by the cluster's tasks through ``store`` (a WritingStore)."""
+    array = zarr.open_array(store, mode="r+")
+    da.store(data[rows], array, regions=(rows, slice(None)), lock=False)
+
+
+# Two coordinators on one entry, the second started with overwrite=True while the first's
+# workers were at work (a pipeline launched twice, without a lease): random rows and a
+# constant compress to chunks of different sizes.
+_FIRST = da.random.RandomState(0).random_sample((40, 10), chunks=(10, 10))
+_SECOND = da.full((40, 10), 2.0, chunks=(10, 10))
+
+
+def _create(store: Any) -> None:
+    zarr.create_array(store, shape=(40, 10), chunks=(10, 10), dtype="float64")
+
+
+@pytest.mark.slow
+def test_a_writer_whose_entry_another_started_over_publishes_nothing(
+        client: Any, tmp_path: Any) -> None:
+    """The second's clear removed the first's records and staged metadata, and staged its
+    own. The first then published the second's metadata into the entry (and removed the
+    second's staging): plain readers found an array while nothing was committed, its rows
+    the second had not written yet read as fill values (incident 001's shape). A writer
+    whose attempt record is gone publishes nothing and does not commit."""
+    url = os.path.join(os.path.realpath(tmp_path), "two.zarr")
+    with contextlib.ExitStack() as stack:
+        with pytest.raises(IntegrityError, match=r"attempt record .* is gone at commit"), \
+                dz.writing(url) as first:
+            _create(first)
+            _store_rows(first, _FIRST, slice(0, 40))
+            second = stack.enter_context(dz.writing(url, overwrite=True))
+            _create(second)
+            _store_rows(second, _SECOND, slice(0, 20))
+        with pytest.raises(NOT_FOUND):
+            zarr.open_array(url, mode="r")  # a plain reader finds no array yet
+        _store_rows(second, _SECOND, slice(20, 40))
+    assert Entry(url).verify(deep=True).ok
+    assert (dz.open(url)[...] == 2.0).all()
+    assert (zarr.open_array(url, mode="r")[...] == 2.0).all()
+
+
+@pytest.mark.slow
+def test_chunks_replaced_or_removed_after_the_workers_recorded_them_stop_the_commit(
+        client: Any, tmp_path: Any) -> None:
+    """The first writer's tasks still running land over the second's chunks: one
+    rewritten (another size), one deleted (zarr deletes a chunk equal to the fill value,
+    0.0). The second's commit took its workers' fragments that disagreed with the store for
+    objects no process recorded and read them back: COMPLETE, `verify(deep=True)` clean,
+    read through durable as the first writer's rows and fill values. A chunk a fragment of
+    this attempt names, gone or of another size, stops the commit as one the coordinator
+    wrote itself does."""
+    url = os.path.join(os.path.realpath(tmp_path), "two.zarr")
+    stale = da.concatenate([_FIRST[:10], da.zeros((10, 10), chunks=(10, 10))])  # fill value
+    with pytest.raises(IntegrityError, match="attempt record"), \
+            contextlib.ExitStack() as stack:
+        first = stack.enter_context(dz.writing(url))
+        _create(first)
+        with pytest.raises(IntegrityError) as refused, \
+                dz.writing(url, overwrite=True) as second:
+            _create(second)
+            _store_rows(second, _SECOND, slice(0, 40))
+            _store_rows(first, stale, slice(0, 20))  # the first's late tasks
+        assert "c/0/0" in str(refused.value)  # replaced
+        assert "c/1/0" in str(refused.value)  # removed
+        assert Entry(url).state() is not State.COMPLETE

@@ -12,7 +12,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -853,9 +853,14 @@ class Entry:
             # and the loser removes nothing: the marker is there), one request less.
             early_only = not writer._fragments and self.adapter.capabilities.create_only
             in_records = {} if early_only else self.adapter.list(self.layout.records)
+            listed = not early_only
+        else:
+            listed = True
         if MARKER_NAME in in_records:
             raise AlreadyCompleteError(
                 f"{self.url}: another writer committed this entry first", url=self.url)
+        if listed:
+            writer.refuse_started_over(in_records)
         fragments = {k: i for k, i in in_records.items()
                      if k.startswith(f"fragments/{writer.attempt}/")}
         recorded = writer.records()
@@ -946,11 +951,12 @@ class Entry:
                     problems.append(f"{url}: replaced after this writer wrote it (CRC32C "
                                     f"{rec.checksum_text()} written, "
                                     f"{now.checksum_text()} found)")
+        extra = {k: i for k, i in listing.items() if k not in recorded}
+        recorded_elsewhere, disputed = self._merge_fragments(
+            writer.attempt, extra, fragments, listing, recorded, problems)
         if problems:
             raise IntegrityError(f"{self.url}: not committing: " + "; ".join(problems),
                                  url=self.url)
-        extra = {k: i for k, i in listing.items() if k not in recorded}
-        recorded_elsewhere, disputed = self._merge_fragments(writer.attempt, extra, fragments)
         extra = {k: i for k, i in extra.items() if k not in recorded_elsewhere}
         for k, info in list(extra.items()):
             base = writer._baseline.get(k)
@@ -968,15 +974,21 @@ class Entry:
         return records
 
     def _merge_fragments(self, attempt: str, unrecorded: dict[str, ObjectInfo],
-                         fragments: dict[str, ObjectInfo],
+                         fragments: dict[str, ObjectInfo], listing: dict[str, ObjectInfo],
+                         own: dict[str, ObjectRecord], problems: list[str],
                          ) -> tuple[dict[str, ObjectRecord], set[str]]:
         """Records other processes flushed for ``attempt``, for the objects listed now, and
         the keys whose fragments disagree.
 
         A key is taken from the fragments only when every fragment that recorded it agrees
-        and the size matches the listing; anything else is left to be read and checksummed.
+        and the size matches the listing; keys they disagree on are left to be read and
+        checksummed. An object they agree a worker wrote (and none deleted) that is gone
+        now, or of another size, goes into ``problems``, as one the coordinator wrote
+        (``own``) would: another writer cleared or rewrote it (one started over the entry
+        while this one's tasks ran), and taken in as if nobody had recorded it, it made a
+        COMPLETE entry of two writers' chunks and fill values that verified clean.
         """
-        if not unrecorded:
+        if not fragments:
             return {}, set()
         candidates: dict[str, set[ObjectRecord | None]] = {}
         for _, info in sorted(fragments.items()):
@@ -989,6 +1001,16 @@ class Entry:
                 continue
             for key, rec in decode_fragment(data, where, attempt).items():
                 candidates.setdefault(key, set()).add(rec)
+        for key, recs in sorted(candidates.items()):
+            if key in own or None in recs:
+                continue
+            found, url = listing.get(key), self.adapter.url(f"{self.path}/{key}")
+            if found is None:
+                problems.append(f"{url}: written by a worker of this write but gone at "
+                                "commit (another writer?)")
+            elif len(recs) == 1 and (size := next(r for r in recs if r).size) != found.size:
+                problems.append(f"{url}: written by a worker of this write with {size} "
+                                f"bytes, {found.size} at commit (another writer?)")
         out = {}
         for key, info in unrecorded.items():
             recs = candidates.get(key, set())
@@ -1172,6 +1194,27 @@ class EntryWriter:
         if not fragments:
             self._fragments = False
 
+    @property
+    def record_key(self) -> str:
+        """This writer's attempt record, as a listing of the records dir names it."""
+        return self.entry.layout.attempt_record(self.attempt)[
+            len(self.entry.layout.records) + 1:]
+
+    def refuse_started_over(self, records: Mapping[str, object]) -> None:
+        """IntegrityError if ``records`` (a listing of the records dir taken after this
+        writer started) lacks its attempt record: another writer started over the entry
+        (``overwrite=True`` clears the records, then the data) or a clean removed them, so
+        objects this one wrote may be gone or another writer's. Published or committed,
+        they made an entry of two writers' chunks and fill values."""
+        if self.record_key not in records:
+            where = self.entry.adapter.url(self.entry.layout.attempt_record(self.attempt))
+            raise IntegrityError(
+                f"{self.entry.url}: not committing: this writer's attempt record {where} is "
+                "gone at commit: another writer started over the entry (overwrite=True) or "
+                "a clean removed its records while this one wrote, and what it wrote may "
+                "be gone or replaced. Write it again once nothing else writes it (a "
+                "durable.Lease keeps a second writer out)", url=self.entry.url)
+
     def commit_from_records(self, records: dict[str, ObjectInfo]) -> bool:
         """Commit the manifest as recorded, without listing the entry, if ``records`` (a
         listing of the records dir taken after the last write finished) shows this
@@ -1184,8 +1227,7 @@ class EntryWriter:
         records show: a writer that starts puts its attempt record there, and one that
         clears the entry (``overwrite=True``) removes this one's.
         """
-        mine = self.entry.layout.attempt_record(self.attempt)[
-            len(self.entry.layout.records) + 1:]
+        mine = self.record_key
         self._records_listing = dict(records)
         self._fragments = False
         # A lease in the listing, even this writer's own, sends the commit to the full

@@ -563,7 +563,7 @@ class WritingStore(WrapperStore[Store]):
         from zarr.core.buffer import default_buffer_prototype
 
         proto = default_buffer_prototype()
-        records = records or {}
+        listed, records = records is not None, records or {}
         keys = [k[len(STAGING) + 1:] for k in records
                 if k.startswith(f"{STAGING}/") and is_metadata(k)]
         if MARKER_NAME in records:
@@ -575,6 +575,10 @@ class WritingStore(WrapperStore[Store]):
                                     [f"{entry.layout.records}/{STAGING}/{k}" for k in keys])
             raise AlreadyCompleteError(f"{entry.url}: another writer committed this entry "
                                        "first", url=entry.url)
+        if listed and isinstance(self._recorder, EntryWriter):
+            # Another writer started over the entry: what is staged is its metadata now,
+            # and published, plain readers would find its array before it committed.
+            self._recorder.refuse_started_over(records)
 
         async def staged(key: str) -> bytes | None:
             held = self._staged.docs.get(key)
