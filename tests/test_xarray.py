@@ -457,3 +457,25 @@ def test_chunks_replaced_or_removed_after_the_workers_recorded_them_stop_the_com
         assert "c/0/0" in str(refused.value)  # replaced
         assert "c/1/0" in str(refused.value)  # removed
         assert Entry(url).state() is not State.COMPLETE
+
+
+@pytest.mark.slow
+def test_a_cluster_read_of_an_entry_changed_since_the_open_fails_as_durable_says(
+        client: Any, tmp_path: Any) -> None:
+    """A dataset opened lazily, its entry rewritten or removed before the compute.
+    distributed's scheduler unpickles the task graph, and the verifying store read the
+    entry's marker while it was unpickled: the compute failed with a RuntimeError, "Error
+    during deserialization of the task graph ... the Scheduler and Client have different
+    environments", which no caller of durable catches (and the scheduler needed the
+    store's credentials). The store reads the marker in the task that first reads a
+    chunk: the error is durable's own."""
+    url = os.path.join(os.path.realpath(tmp_path), "changed.zarr")
+    dx.to_zarr(dataset(), url)
+    opened = dx.open_zarr(url)
+    dx.to_zarr(dataset(100), url, mode="w")
+    with pytest.raises(IntegrityError, match=r"committed again .* since it was opened"):
+        opened.temp.sum().compute()
+    opened = dx.open_zarr(url)
+    Entry(url).delete()
+    with pytest.raises(IncompleteError):
+        opened.temp.sum().compute()

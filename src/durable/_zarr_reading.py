@@ -10,7 +10,15 @@ what was committed. Byte-range reads (sharding) are checked for length only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Mapping
+import asyncio
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zarr.abc.store import (
@@ -82,6 +90,42 @@ _MANIFESTS: dict[tuple[str, str], Mapping[str, ObjectRecord]] = {}
 _MANIFESTS_KEPT = 16
 
 
+class _Unpickled(Mapping[str, ObjectRecord]):
+    """The manifest of an unpickled store, read when first looked at (once per process and
+    commit), not while the store is unpickled: distributed's scheduler unpickles every
+    task graph, and a marker read there failed a compute of an entry changed since its
+    open as a RuntimeError about "different environments" (not the IntegrityError or
+    IncompleteError a caller catches), and needed the store's credentials."""
+
+    def __init__(self, url: str, attempt: str, storage_options: dict[str, Any]) -> None:
+        self._key = (url, attempt)
+        self._storage_options = storage_options
+        self._objects: Mapping[str, ObjectRecord] | None = _MANIFESTS.get(self._key)
+
+    @property
+    def loaded(self) -> bool:
+        return self._objects is not None
+
+    def load(self) -> Mapping[str, ObjectRecord]:
+        if self._objects is None:
+            url, attempt = self._key
+            opened = VerifyingStore.from_url(url, attempt=attempt,
+                                             storage_options=self._storage_options)
+            if len(_MANIFESTS) >= _MANIFESTS_KEPT:
+                _MANIFESTS.pop(next(iter(_MANIFESTS)))
+            self._objects = _MANIFESTS[self._key] = opened.manifest
+        return self._objects
+
+    def __getitem__(self, key: str) -> ObjectRecord:
+        return self.load()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.load())
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+
 def _expected_length(rec: ObjectRecord, byte_range: ByteRequest) -> int:
     if isinstance(byte_range, RangeByteRequest):
         return max(0, min(byte_range.end, rec.size) - byte_range.start)
@@ -139,20 +183,15 @@ class VerifyingStore(WrapperStore[Store]):
                 "storage_options": self._storage_options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        key = (state["url"], state["attempt"])
-        manifest = _MANIFESTS.get(key)
-        if manifest is None:
-            opened = VerifyingStore.from_url(state["url"], attempt=state["attempt"],
-                                             storage_options=state["storage_options"])
-            manifest = opened._manifest
-            if len(_MANIFESTS) >= _MANIFESTS_KEPT:
-                _MANIFESTS.pop(next(iter(_MANIFESTS)))
-            _MANIFESTS[key] = manifest
-            store = opened._store
-        else:
-            store = inner_store(state["url"], state["storage_options"], read_only=True)
-        self.__init__(store, url=state["url"], attempt=state["attempt"],  # type: ignore[misc]
-                      manifest=manifest, storage_options=state["storage_options"])
+        url, attempt, options = state["url"], state["attempt"], state["storage_options"]
+        self.__init__(inner_store(url, options, read_only=True),  # type: ignore[misc]
+                      url=url, attempt=attempt, manifest=_Unpickled(url, attempt, options),
+                      storage_options=options)
+
+    async def _loaded(self) -> None:
+        """The manifest read, off the event loop, if this store was unpickled."""
+        if isinstance(self._manifest, _Unpickled) and not self._manifest.loaded:
+            await asyncio.to_thread(self._manifest.load)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, VerifyingStore) and self._url == other._url
@@ -242,6 +281,7 @@ class VerifyingStore(WrapperStore[Store]):
 
     async def get(self, key: str, prototype: BufferPrototype,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
+        await self._loaded()
         if byte_range is None:
             return self._check(key, await self._fetched(
                 key, get_whole(self._store, key, prototype)), None)
@@ -251,6 +291,7 @@ class VerifyingStore(WrapperStore[Store]):
     async def get_partial_values(self, prototype: BufferPrototype,
                                  key_ranges: Iterable[tuple[str, ByteRequest | None]]
                                  ) -> list[Buffer | None]:
+        await self._loaded()
         key_ranges = list(key_ranges)
         keys = sorted({k for k, _ in key_ranges})
         bufs = await self._fetched(keys[0] if len(keys) == 1 else "{" + ",".join(keys) + "}",
@@ -264,6 +305,7 @@ class VerifyingStore(WrapperStore[Store]):
             yield key, await self.get(key, prototype, byte_range)
 
     async def getsize(self, key: str) -> int:
+        await self._loaded()
         rec = self._manifest.get(key)
         if rec is None:
             raise FileNotFoundError(self._chunk_url(key))
@@ -271,6 +313,7 @@ class VerifyingStore(WrapperStore[Store]):
 
     # listings: from the manifest, so they cost nothing and show only what was committed ---
     async def exists(self, key: str) -> bool:
+        await self._loaded()
         return key in self._manifest
 
     async def is_empty(self, prefix: str) -> bool:
@@ -279,10 +322,12 @@ class VerifyingStore(WrapperStore[Store]):
         return True
 
     async def list(self) -> AsyncIterator[str]:
+        await self._loaded()
         for key in self._manifest:
             yield key
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        await self._loaded()
         for key in self._manifest:
             if key.startswith(prefix):
                 yield key
@@ -291,6 +336,7 @@ class VerifyingStore(WrapperStore[Store]):
         prefix = prefix.rstrip("/")
         head = prefix + "/" if prefix else ""
         seen: set[str] = set()
+        await self._loaded()
         for key in self._manifest:
             if key.startswith(head) and key != prefix:
                 child = key[len(head):].split("/", 1)[0]
