@@ -11,6 +11,7 @@ what was committed. Byte-range reads (sharding) are checked for length only.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -88,6 +89,7 @@ def read_failure(url: str, exc: Exception) -> OSError:
 
 _MANIFESTS: dict[tuple[str, str], Mapping[str, ObjectRecord]] = {}
 _MANIFESTS_KEPT = 16
+_MANIFESTS_LOCK = threading.Lock()
 
 
 class _Unpickled(Mapping[str, ObjectRecord]):
@@ -111,9 +113,10 @@ class _Unpickled(Mapping[str, ObjectRecord]):
             url, attempt = self._key
             opened = VerifyingStore.from_url(url, attempt=attempt,
                                              storage_options=self._storage_options)
-            if len(_MANIFESTS) >= _MANIFESTS_KEPT:
-                _MANIFESTS.pop(next(iter(_MANIFESTS)))
-            self._objects = _MANIFESTS[self._key] = opened.manifest
+            with _MANIFESTS_LOCK:  # loads of several tasks' stores, at once in threads
+                if len(_MANIFESTS) >= _MANIFESTS_KEPT:
+                    _MANIFESTS.pop(next(iter(_MANIFESTS)))
+                self._objects = _MANIFESTS[self._key] = opened.manifest
         return self._objects
 
     def __getitem__(self, key: str) -> ObjectRecord:
