@@ -270,6 +270,48 @@ def test_clean_removes_a_killed_writers_entry_once_old_by_the_stores_clock(
     assert store.snapshot() == {k: v for k, v in before.items() if k not in dead}
 
 
+def test_two_cleans_at_once_report_a_removal_once(store: Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two cleans of one root, the second removing the entry while the first is between
+    its checks and the removal of the records (no lock on these stores): both said
+    "removed". The records' first object is now deleted on its planned version, which
+    only one clean can do; gcp-storage-emulator enforces no conditional delete (leases
+    are refused there too), so it can still tell no one from the other."""
+    import contextlib
+
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+
+    kill_entry_writer(store, "dead.zarr")
+    wait_for_store_clock(store, store.modified(attempt_record(store, "dead.zarr")) + 2)
+    first, second = (survey(*resolve(store.url(), store.options)) for _ in range(2))
+    if not first.adapter.supports_conditional(first.path + "/.durable/dead.zarr"):
+        assert store.bucket.server.name == "gcp-storage-emulator"
+        pytest.skip("this emulator enforces no conditional delete")
+    plans = [plan_clean(sv, older_than=1, lease_wait=1) for sv in (first, second)]
+    assert [mark([vars(i)]) for i in plans[0].items] == [[("entry", "dead.zarr", "planned")]]
+    exclusive = first.adapter.exclusive
+    ran: list[bool] = []
+
+    @contextlib.contextmanager
+    def second_clean_first(path: str) -> Iterator[bool]:
+        if not ran:  # (the adapter may be the second clean's too: it runs once)
+            ran.append(True)
+            apply_clean(second, plans[1], workers=1)
+        with exclusive(path) as locked:
+            yield locked
+
+    monkeypatch.setattr(first.adapter, "exclusive", second_clean_first)
+    apply_clean(first, plans[0], workers=1)
+    assert ran
+    (a,), (b,) = plans[0].items, plans[1].items
+    assert (b.status, b.detail) == ("removed", "")
+    assert (a.status, a.detail) == ("skipped", "already removed since the plan (by another "
+                                               "clean of this root, or a delete)")
+    assert not [k for k in store.names() if "dead.zarr" in k]
+
+
 def test_neither_this_machines_clock_nor_the_writers_ages_an_entry(store: Store) -> None:
     """A writer whose clock ran three days behind, cleaned from a machine whose clock runs
     three days ahead: by the store's clock the entry is seconds old, and it is kept."""
@@ -429,3 +471,4 @@ def test_objects_below_the_markers_name_are_an_error_never_unfinished(
     assert row["state"] == "ERROR" and f"{where}: no commit marker" in row["reason"], row
     run(store, "clean", store.url(), "--older-than", "0", "--apply")
     assert store.snapshot() == before
+

@@ -789,6 +789,51 @@ def test_clean_removes_attempt_records_left_beside_a_marker(small: LocalStore,
     assert done.state() is State.COMPLETE and done.verify(deep=True).ok
 
 
+def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `durable clean --apply` runs of one root, planned together, the second removing
+    everything while the first is between its checks and the removal of the records: both
+    reported "removed" for the same entry (and the same spent records). Only one removed
+    it; the other says it was already gone."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+
+    done = Entry(small.url("done.zarr"))
+    small.write(".durable/done.zarr/attempts/0123456789abcdef0123456789abcdef.json", b"{}")
+    small.set_mtime(".durable/done.zarr", time.time() - OLD)
+    first, second = survey_of(small), survey_of(small)
+    plans = [plan_clean(sv, older_than=3600, lease_wait=10, sleep=Heartbeat(small))
+             for sv in (first, second)]
+    planned = {(i.kind, i.url.rpartition("/")[2]) for i in plans[0].items}
+    assert planned == {(i.kind, i.url.rpartition("/")[2]) for i in plans[1].items} == {
+        ("entry", "dead.zarr"), ("entry", "stale.zarr"), ("spent", "done.zarr")}
+    exclusive = first.adapter.exclusive
+    ran: list[bool] = []
+
+    @contextlib.contextmanager
+    def second_clean_first(path: str) -> Iterator[bool]:
+        # The first clean's last step for its first item: the other clean runs whole now.
+        if not ran:
+            ran.append(True)
+            apply_clean(second, plans[1], workers=1)
+        with exclusive(path) as locked:
+            yield locked
+
+    monkeypatch.setattr(first.adapter, "exclusive", second_clean_first)
+    apply_clean(first, plans[0], workers=1)
+    assert ran
+    for a, b in zip(plans[0].items, plans[1].items, strict=True):
+        statuses = sorted([(a.status, a.detail), (b.status, b.detail)])
+        assert statuses == [("removed", ""), ("skipped", "already removed since the plan (by "
+                                                         "another clean of this root, or a "
+                                                         "delete)")], (a.url, statuses)
+    assert [i.status for i in plans[1].items] == ["removed"] * 3  # the one that ran whole
+    after = small.snapshot()
+    assert not [k for k in after if k.startswith((".durable/dead.zarr", "dead.zarr/",
+                                                  ".durable/done.zarr/attempts/"))]
+    assert done.state() is State.COMPLETE
+
+
 def test_mark_complete_checks_again_before_adopting(small: LocalStore) -> None:
     """A writer that takes a lease on unmarked data after the survey keeps it from adoption
     (Entry.mark_complete itself refuses a started writer, not a lease)."""

@@ -61,7 +61,7 @@ from durable._scan import (
     stat_objects,
 )
 from durable.adapters import ObjectInfo
-from durable.adapters.base import Upload
+from durable.adapters.base import Adapter, Upload, VersionMismatchError
 from durable.adapters.local import DEL_MARK
 
 log = logging.getLogger(__name__)
@@ -779,15 +779,23 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     if item.kind == "spent":
         # Only the records planned, only while the marker they sit beside is still there
         # (gone: a writer is rewriting the entry) and each is as it was listed.
-        listed = a.list(layout.records)
-        if MARKER_NAME not in listed:
-            item.status, item.detail = "skipped", "its marker is gone since the plan"
-            return
-        if any(k not in listed or listed[k].version != v for k, v in item.expect.items()):
-            item.status, item.detail = "skipped", "its records changed since the plan"
-            return
-        a.delete([listed[k].path for k in item.expect])
-        item.status = "removed"
+        # Under the lease's lock, as an entry's records below: two cleans removing the
+        # same records each reported "removed".
+        with a.exclusive(layout.lease) as locked:
+            listed = a.list(layout.records)
+            if MARKER_NAME not in listed:
+                item.status, item.detail = "skipped", "its marker is gone since the plan"
+                return
+            if not set(item.expect) & set(listed):
+                item.status, item.detail = "skipped", _GONE
+                return
+            if any(k not in listed or listed[k].version != v
+                   for k, v in item.expect.items()):
+                item.status, item.detail = "skipped", "its records changed since the plan"
+                return
+            ours = _claim(a, {k: listed[k] for k in item.expect}, locked)
+        item.status, item.detail = ("removed", "") if ours else (
+            "skipped", _GONE if ours is False else "its records changed since the plan")
         return
     # Marker first: an entry committed since the plan is never touched. `exists`, not
     # `info`: anything at the marker's path (on a local disk a symlink or a directory,
@@ -798,6 +806,9 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         return
     # A changed record (a new attempt, a renewed lease) is a writer at work.
     now = {k: i.version for k, i in a.list(layout.records).items()}
+    if not now and item.expect:
+        item.status, item.detail = "skipped", _GONE
+        return
     if now != item.expect:
         item.status, item.detail = ("skipped", "its records changed since the plan (a "
                                     "writer at work?)")
@@ -842,18 +853,55 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     # Under the lease's lock (`remove_records`'s reason): a renewal of a lease judged
     # stale, between its check and its rename, would put it back after the delete. (With
     # no lease too: on a local disk the lock's sidecar goes with the records it guarded.)
-    with a.exclusive(layout.lease):
+    with a.exclusive(layout.lease) as locked:
         listed = a.list(layout.records)
         planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
-        a.delete([i.path for i in planned.values()])
+        ours = _claim(a, planned, locked)
     kept = sorted(set(listed) - set(planned))
     a.prune(layout.records)
-    if kept:
+    if not ours and not kept:
+        # Another clean of the same root removed them first (both passed the checks
+        # above): one removal, reported once, not by both.
+        item.status, item.detail = "skipped", _GONE
+        return
+    if kept or ours is None:
+        kept = kept or [k for k in planned if a.info(planned[k].path) is not None][:1]
         item.status, item.detail = "failed", (
             "a writer started while its data was being removed; its records are kept ("
             + ", ".join(a.url(f"{layout.records}/{k}") for k in kept[:3]) + ")")
         return
     item.status = "removed"
+
+
+#: Why an item found gone at its removal is skipped.
+_GONE = "already removed since the plan (by another clean of this root, or a delete)"
+
+
+def _claim(a: Adapter, planned: dict[str, ObjectInfo], locked: bool) -> bool | None:
+    """Delete the records ``planned``: True if this run removed them, False if another
+    run had (nothing planned was left), None if one was rewritten meanwhile (a writer's:
+    nothing more is deleted).
+
+    Two cleans of one root both pass every check before this point: each reported
+    "removed" for one removal. Under a lock (``locked``: a local disk, memory) the
+    listing just taken decides. Elsewhere one record is deleted conditionally first, on
+    its planned version: of racing cleans exactly one succeeds and deletes the rest;
+    where the store enforces no conditional delete (gcp-storage-emulator) both may still
+    say so.
+    """
+    if not planned:
+        return False
+    first, *rest = sorted(planned)
+    version = planned[first].version
+    if not locked and version is not None and a.supports_conditional(planned[first].path):
+        try:
+            a.delete_if(planned[first].path, version)
+        except VersionMismatchError:
+            return None if a.info(planned[first].path) is not None else False
+        a.delete([planned[k].path for k in rest])
+        return True
+    a.delete([i.path for i in planned.values()])
+    return True
 
 
 def fmt_age(seconds: float) -> str:
