@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import pytest
 
-from test_ops import kill_writers
+from test_ops import check_attempt_record_made_a_directory, kill_writers
 
 DAYS = 3 * 86400
 
@@ -472,3 +472,8 @@ def test_objects_below_the_markers_name_are_an_error_never_unfinished(
     run(store, "clean", store.url(), "--older-than", "0", "--apply")
     assert store.snapshot() == before
 
+
+@pytest.mark.parametrize("with_data", [True, False], ids=["data", "no-data"])
+def test_an_attempt_record_made_a_directory_is_named_alike_everywhere(
+        store: Store, with_data: bool) -> None:
+    check_attempt_record_made_a_directory(store, with_data)

@@ -834,6 +834,45 @@ def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
     assert done.state() is State.COMPLETE
 
 
+def check_attempt_record_made_a_directory(store: Any, with_data: bool) -> None:
+    """Objects below an attempt record's name (``attempts/<id>.json/x``, a directory on a
+    disk): `durable status` said "data present but no commit marker" (or, with no data,
+    "a writer started") where clean planned "records but no marker" and mark-complete sent
+    the user to `durable status` for records it never named. Every command names it now,
+    in the same words; clean removes it as records of no live writer."""
+    from durable import Entry, State
+
+    attempt = ".durable/e/attempts/0123456789abcdef0123456789abcdef.json"
+    if with_data:
+        store.write("e/c/0", b"data")
+    store.write(f"{attempt}/x", b"{}")
+    said = (f"{store.canonical(attempt)} is a directory (holding "
+            f"{store.canonical(attempt + '/x')}), not an attempt record file: no durable "
+            "writer made it (a hostile or corrupt layout)")
+    st = Entry(store.url("e"), storage_options=store.options).status()
+    assert st.state is State.INCOMPLETE and st.reason == (
+        "data present but no commit marker" if with_data else
+        "records but no commit marker and no data") + f"; {said}", st.reason
+    _, doc = run(store, "scan", store.url())
+    (row,) = [r for r in doc["entries"] if r["url"] == store.canonical("e")]
+    assert (row["state"], row["reason"]) == ("INCOMPLETE", st.reason)
+    _, doc = run(store, "mark-complete", store.url())
+    if with_data:
+        (skipped,) = [s for s in doc["skipped"] if s["url"] == store.canonical("e")]
+        assert skipped["reason"].endswith(f": {said}"), skipped
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    (item,) = doc["items"]
+    assert (code, item["url"], item["status"]) == (0, store.canonical("e"), "removed")
+    assert item["reason"].endswith(f"; {said}"), item
+    assert Entry(store.url("e"), storage_options=store.options).state() is State.ABSENT
+
+
+@pytest.mark.parametrize("with_data", [True, False], ids=["data", "no-data"])
+def test_an_attempt_record_made_a_directory_is_named_alike_everywhere(
+        tmp_path: Path, with_data: bool) -> None:
+    check_attempt_record_made_a_directory(LocalStore(os.path.realpath(tmp_path)), with_data)
+
+
 def test_mark_complete_checks_again_before_adopting(small: LocalStore) -> None:
     """A writer that takes a lease on unmarked data after the survey keeps it from adoption
     (Entry.mark_complete itself refuses a started writer, not a lease)."""

@@ -38,9 +38,11 @@ from durable._protocol import (
     Marker,
     ObjectRecord,
     State,
+    attempt_folders,
     attempt_record_bytes,
     carries_record,
     check_key,
+    is_attempt_record,
     new_attempt_id,
 )
 from durable.adapters import Adapter, AtomicFile, ObjectInfo, resolve
@@ -396,7 +398,7 @@ class Entry:
                 records = self.adapter.list(self.layout.records)
             self._refuse_marker_prefix(records)
             return Status(State.INCOMPLETE, "data present but no commit marker"
-                          + _started(records, own_attempt))
+                          + _started(records, own_attempt) + self._attempt_folders(records))
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
         if records is None:
             # A listing, not exists(): the records dir is never an object (no HEAD needed).
@@ -428,8 +430,17 @@ class Entry:
                                             f"it may be at work right now ({where})",
                           racing=racing)
         if others:
-            return Status(State.INCOMPLETE, "a writer started but has not committed")
+            odd = self._attempt_folders(records)
+            if odd and all(k.startswith("attempts/") and k.count("/") > 1 for k in others):
+                return Status(State.INCOMPLETE, "records but no commit marker and no data"
+                                                + odd)
+            return Status(State.INCOMPLETE, "a writer started but has not committed" + odd)
         return Status(State.ABSENT, "no marker and no data")
+
+    def _attempt_folders(self, records: dict[str, ObjectInfo]) -> str:
+        """`attempt_folders` of the records listed, as a reason's last part."""
+        odd = attempt_folders(records, lambda k: self.adapter.url(f"{self.layout.records}/{k}"))
+        return f"; {odd}" if odd else ""
 
     def state(self) -> State:
         """ABSENT, INCOMPLETE or COMPLETE; a corrupt marker raises MarkerError."""
@@ -1227,8 +1238,7 @@ def _started(records: dict[str, ObjectInfo] | None, own_attempt: str | None) -> 
     operators to `mark-complete` a killed writer's leftover (``records``: None if not
     listed)."""
     mine = f"attempts/{own_attempt}.json"
-    n = sum(1 for k in records or () if k.startswith("attempts/") and k.endswith(".json")
-            and k != mine)
+    n = sum(1 for k in records or () if is_attempt_record(k) and k != mine)
     return f"; a writer started but has not committed (attempt records: {n})" if n else ""
 
 

@@ -343,9 +343,10 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
         elif f.lease is not None:
             skipped.append(Skipped(url, "a writer holds (or held) a lease on it"))
         elif f.records:
+            odd = sv.attempt_folders(key)
             skipped.append(Skipped(url, f"has durable records but no marker "
-                                        f"({', '.join(sorted(f.records)[:3])}); see "
-                                        "`durable status`"))
+                                        f"({', '.join(sorted(f.records)[:3])})"
+                                        + (f": {odd}" if odd else "; see `durable status`")))
         elif f.recorded:
             skipped.append(Skipped(url, _holds_recorded(sv, f)))
         elif not f.objects:
@@ -647,6 +648,8 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             reason = f"records of an entry whose data is gone, no marker, {since}"
         if f.lease is not None:
             reason += f"; {states[key][1]}"
+        if odd := sv.attempt_folders(key):
+            reason += f"; {odd}"
         items.append(CleanItem(kind, url, reason, age, f.objects, f.size, key=key,
                                expect={k: i.version for k, i in f.records.items()}))
 

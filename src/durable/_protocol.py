@@ -36,7 +36,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,8 +55,10 @@ __all__ = [
     "Marker",
     "ObjectRecord",
     "State",
+    "attempt_folders",
     "carries_record",
     "check_key",
+    "is_attempt_record",
     "new_attempt_id",
     "record_fields",
 ]
@@ -529,6 +531,33 @@ class Layout:
     def object_path(self, key: str, kind: Kind) -> str:
         """The path of a manifest key; the key was checked by `check_key` on decode."""
         return self.root if kind == "object" else f"{self.root}/{key}"
+
+
+def is_attempt_record(key: str) -> bool:
+    """Whether ``key`` (relative to an entry's records directory) names an attempt record:
+    ``attempts/<id>.json``, directly in ``attempts/``."""
+    parts = key.split("/")
+    return len(parts) == 2 and parts[0] == "attempts" and parts[1].endswith(".json")
+
+
+def attempt_folders(keys: Iterable[str], url: Callable[[str], str]) -> str:
+    """What the reason of an unmarked entry adds for objects stored below a name in its
+    ``attempts/`` (``attempts/<id>.json/x``: an attempt record made a directory, a hostile or
+    corrupt layout), naming the first; "" if there are none. ``keys``: its records
+    directory's, relative to it; ``url``: a key's URL.
+
+    `durable status` said "data present but no commit marker" (or "a writer started")
+    where `durable clean` planned "records but no marker", and mark-complete sent the user
+    to `durable status` to see records it never named: every command says this instead.
+    """
+    below = sorted(k for k in keys if k.startswith("attempts/") and k.count("/") > 1)
+    if not below:
+        return ""
+    folder = "/".join(below[0].split("/")[:2])
+    more = len({"/".join(k.split("/")[:2]) for k in below}) - 1
+    return (f"{url(folder)} is a directory (holding {url(below[0])}), not an attempt record "
+            "file: no durable writer made it (a hostile or corrupt layout)"
+            + (f", and {more} more" if more else ""))
 
 
 def writer_info() -> dict[str, Any]:

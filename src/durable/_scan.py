@@ -80,6 +80,7 @@ from durable._protocol import (
     RECORDS_DIR,
     Layout,
     Marker,
+    attempt_folders,
     carries_record,
 )
 from durable.adapters import Adapter, ObjectInfo, resolve
@@ -223,6 +224,12 @@ class Survey:
         lo = bisect.bisect_left(self._keys, prefix)
         hi = bisect.bisect_left(self._keys, prefix + "\U0010ffff")
         return {k[len(prefix):]: self.listing[k] for k in self._keys[lo:hi]}
+
+    def attempt_folders(self, key: str) -> str:
+        """`attempt_folders` of the entry at ``key``'s records, naming them ("" if none)."""
+        records = self.layout(key).records
+        return attempt_folders(self.entries[key].records,
+                               lambda k: self.adapter.url(f"{records}/{k}"))
 
     def owners(self, key: str) -> list[str]:
         """Entries that hold ``key`` as data or as records, outermost first."""
@@ -673,6 +680,8 @@ def _row(sv: Survey, key: str, f: EntryFound, rec: Records, now: float) -> ScanR
                            f"{len(f.attempts)})")
         if not reasons:
             reasons.append("records but no commit marker and no data")
+        if odd := sv.attempt_folders(key):
+            reasons.append(odd)
         if f.recorded:
             reasons.append(f"{len(f.recorded)} objects in it carry their own commit "
                            "records: entries of their own")
