@@ -355,6 +355,32 @@ def test_mark_complete_refuses_a_live_writer(place: Place) -> None:
     assert e.state() is State.COMPLETE
 
 
+@pytest.mark.parametrize("link", ["c/1", "more", "only/link"])
+def test_mark_complete_never_adopts_a_folder_holding_symlinks(tmp_path: Any,
+                                                              link: str) -> None:
+    """A symlinked chunk, a symlinked folder, or a link alone in a folder: listings skip
+    links, so Entry.mark_complete adopted the folder without it (`durable mark-complete`
+    ROOT skips such folders) and it read COMPLETE, whole. Refused, naming the link."""
+    from durable import UnsupportedError
+
+    outside = os.path.join(tmp_path, "outside")
+    os.makedirs(os.path.join(outside, "d"))
+    with open(os.path.join(outside, "f"), "wb") as f:
+        f.write(b"shared chunk")
+    ent = os.path.join(os.path.realpath(tmp_path), "root", "ent")
+    os.makedirs(os.path.join(ent, "c"))
+    os.makedirs(os.path.join(ent, "only"))
+    with open(os.path.join(ent, "c", "0"), "wb") as f:
+        f.write(b"data")
+    os.symlink(os.path.join(outside, "d" if link == "more" else "f"), os.path.join(ent, link))
+    e = Entry(ent)
+    with pytest.raises(UnsupportedError, match=f"file://{ent}/{link} is a symlink: durable "
+                                               "follows no link, so a marker"):
+        e.mark_complete()
+    assert e.state() is State.INCOMPLETE
+    assert not os.path.exists(os.path.join(tmp_path, "root", ".durable", "ent"))
+
+
 OBJECTS = {key(i): payload(i, 1000) for i in range(6)}
 
 

@@ -27,6 +27,7 @@ from durable._errors import (
     IncompleteExistsError,
     IntegrityError,
     MarkerError,
+    UnsupportedError,
 )
 from durable._fragments import MAX_FRAGMENT_BYTES, decode_fragment, fragments_dir
 from durable._protocol import (
@@ -564,6 +565,17 @@ class Entry:
                        if TMP_MARK not in k.rpartition("/")[2]}
             for k in listing:
                 check_key(k, self.url)
+            # Listings skip links: the entry was adopted without them and read COMPLETE,
+            # whole (`durable mark-complete ROOT` skips such folders; this is its Python
+            # way in). One walk on a local disk; no request elsewhere.
+            links = self.adapter.links_below(self.path)
+            if links:
+                more = f" ({len(links) - 1} more: {', '.join(links[1:4])})" if links[1:] else ""
+                raise UnsupportedError(
+                    f"{self.adapter.url(f'{self.path}/{links[0]}')} is a symlink: durable "
+                    f"follows no link, so a marker over {self.url} would leave it out, and "
+                    f"the entry would read COMPLETE without it{more}; replace each link with "
+                    "what it points to, or remove it")
         records = _checksum_all(self.adapter, listing, workers)
         self.adapter.sync([i.path for i in listing.values()], _dirs_of(self, listing))
         return self._write_marker(Marker.new(kind, new_attempt_id(), Manifest(records)))

@@ -399,12 +399,10 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
 
 
 def _links_among(sv: Survey, key: str) -> list[str]:
-    """The symlinks (on a local disk) in the folders of the unmarked entry at ``key`` that
-    hold its objects: listings skip them, so adopting it recorded the entry without them
-    ("1 objects" for a folder of two files, one a link), and it read COMPLETE, whole."""
-    folders = {""} | {k.rpartition("/")[0] for k in sv.data(key) if "/" in k}
-    return sorted(f"{d}/{name}" if d else name for d in folders
-                  for name in sv.adapter.links_in(f"{sv.entry_path(key)}/{d}".rstrip("/")))
+    """The symlinks (on a local disk) at any depth in the unmarked entry at ``key``:
+    listings skip them, so adopting it recorded the entry without them ("1 objects" for a
+    folder of two files, one a link), and it read COMPLETE, whole."""
+    return [] if key in sv.listing else list(sv.adapter.links_below(sv.entry_path(key)))
 
 
 def _holds_recorded(sv: Survey, f: EntryFound) -> str:

@@ -476,6 +476,12 @@ class Adapter(ABC):
         listings never show; [] on stores that have no links (no request)."""
         return []
 
+    def links_below(self, directory: str) -> Sequence[str]:
+        """Paths, relative to ``directory``, of the links at any depth below it (symlinks,
+        on a local disk; none followed), which listings never show; [] on stores that have
+        no links (no request)."""
+        return []
+
     # removing -----------------------------------------------------------------------------
     @abstractmethod
     def delete(self, paths: Iterable[str]) -> None:

@@ -684,6 +684,17 @@ class LocalAdapter(Adapter):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
+    def links_below(self, directory: str) -> Sequence[str]:
+        found = []
+        # os.walk follows no link (followlinks=False) and lists one to a directory among
+        # the directories: a folder holding nothing but a link is looked into too.
+        for dirpath, dirnames, filenames in os.walk(directory):
+            rel = os.path.relpath(dirpath, directory)
+            found += [name if rel == "." else f"{rel}/{name}"
+                      for name in dirnames + filenames
+                      if os.path.islink(os.path.join(dirpath, name))]
+        return sorted(found)
+
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()
         for p in paths:
