@@ -537,7 +537,8 @@ class Entry:
         """Adopt data written without `durable`: checksum what is there, write the marker.
 
         It trusts what it adopts: run it only when nothing is writing the entry. A started
-        but uncommitted `durable` writer is refused unless ``force=True``.
+        but uncommitted `durable` writer is refused unless ``force=True``; a folder holding
+        symlinks, always (UnsupportedError naming one: durable follows no link).
         """
         self.layout.refuse_inside_records()
         # Its marker would be a new object in the data of the committed entry around it.
