@@ -209,7 +209,8 @@ class ObjectRecord:
         """``where [key]`` names the record in messages (formatted only for a bad record:
         a marker of 10,000 records would format 10,000 names)."""
         if (type(value) is dict and len(value) == 2 and type(size := value.get("size")) is int
-                and size >= 0 and type(crc := value.get("crc32c")) is str and len(crc) == 8
+                and 0 <= size <= _MAX_OBJECT_SIZE and type(crc := value.get("crc32c")) is str
+                and len(crc) == 8
                 and not crc.strip(_HEX_DIGITS)):
             return cls(size, int(crc, 16))  # the common record, checked in one expression
         if key is not None:
@@ -217,9 +218,13 @@ class ObjectRecord:
         if not isinstance(value, dict):
             raise MarkerError(f"{where}: object record must be a JSON object", url=where)
         size = value.get("size")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise MarkerError(f"{where}: size must be a non-negative integer, got {size!r:.40}",
-                              url=where)
+        if (not isinstance(size, int) or isinstance(size, bool)
+                or not 0 <= size <= _MAX_OBJECT_SIZE):
+            # Beyond any object (as the metadata record's size is refused): a size of 10**500
+            # made `durable status` fail formatting it ("unexpected error: OverflowError").
+            raise MarkerError(f"{where}: size must be a non-negative integer up to "
+                              f"{_MAX_OBJECT_SIZE}, got {size!r:.40}", url=where,
+                              expected=f"0 to {_MAX_OBJECT_SIZE}", found=f"{size!r:.40}")
         try:
             crc = crc_from_hex(value.get("crc32c"))
         except ValueError as exc:
