@@ -834,6 +834,39 @@ def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
     assert done.state() is State.COMPLETE
 
 
+def test_a_clean_finding_a_folder_removed_under_it_is_no_failure(
+        small: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three cleans of one root at once (1,500 dead entries) listed a few entries each as
+    failed, exit 6, "FileNotFoundError: ... No such file or directory: ROOT/eNNN": one
+    unlinked the entry's zarr.json, another removed the whole folder, and the first's
+    fsync of the folder (to make its unlink durable) found it gone. Nothing is left in a
+    folder that is gone: that clean reports the entry as removed by another."""
+    import durable.adapters.local as local
+    from durable._ops import apply_clean, plan_clean
+
+    first, second = survey_of(small), survey_of(small)
+    plans = [plan_clean(sv, older_than=3600, lease_wait=10, sleep=Heartbeat(small))
+             for sv in (first, second)]
+    dead = os.path.join(small.root, "dead.zarr")
+    fsync_dir = local.fsync_dir
+    ran: list[bool] = []
+
+    def second_clean_first(path: str) -> None:
+        # The first clean has just unlinked dead.zarr/zarr.json: the other runs whole now.
+        if path == dead and not ran:
+            ran.append(True)
+            apply_clean(second, plans[1], workers=1)
+        fsync_dir(path)
+
+    monkeypatch.setattr(local, "fsync_dir", second_clean_first)
+    apply_clean(first, plans[0], workers=1)
+    assert ran
+    status = {i.url.rpartition("/")[2]: (i.status, i.detail) for i in plans[0].items}
+    assert status["dead.zarr"] == ("skipped", "already removed since the plan (by another "
+                                              "clean of this root, or a delete)")
+    assert not os.path.exists(dead)
+
+
 def check_attempt_record_made_a_directory(store: Any, with_data: bool) -> None:
     """Objects below an attempt record's name (``attempts/<id>.json/x``, a directory on a
     disk): `durable status` said "data present but no commit marker" (or, with no data,

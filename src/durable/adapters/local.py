@@ -707,7 +707,11 @@ class LocalAdapter(Adapter):
                 if exc.errno not in _NO_SUCH_NAME:
                     raise
         for d in dirs:
-            fsync_dir(d)
+            # Removed since the unlink (another clean or delete of the same tree): no name
+            # is left in it to make durable. Raised, it failed a clean racing another ("No
+            # such file or directory"), the entry removed all the same.
+            with contextlib.suppress(FileNotFoundError):
+                fsync_dir(d)
 
     def delete_prefix(self, prefix: str) -> None:
         root = prefix.rstrip("/")
