@@ -381,6 +381,45 @@ def test_mark_complete_never_adopts_a_folder_holding_symlinks(tmp_path: Any,
     assert not os.path.exists(os.path.join(tmp_path, "root", ".durable", "ent"))
 
 
+@pytest.mark.parametrize("what", ["a symlink", "a directory", "a special file"])
+def test_a_recorded_object_replaced_by_no_file_is_named_for_what_is_there(
+        tmp_path: Any, what: str) -> None:
+    """A committed object replaced by a symlink, a directory or a FIFO: status, verify
+    (of the entry and of the root) and scan all said it was "missing", naming a path
+    that is there (readers already say what is there instead)."""
+    from click.testing import CliRunner
+
+    from durable.cli import cli
+
+    root = os.path.realpath(tmp_path)
+    e = Entry(os.path.join(root, "ent"))
+    with e.writing() as w:
+        w.write_bytes("c/0", b"x" * 10)
+        w.write_bytes("zarr.json", b"{}")
+    obj = os.path.join(e.path, "c", "0")
+    os.remove(obj)
+    if what == "a symlink":
+        os.symlink(os.path.join(e.path, "zarr.json"), obj)
+    elif what == "a directory":
+        os.mkdir(obj)
+    else:
+        os.mkfifo(obj)
+    said = f"{e.url}/c/0 is listed in the marker but is {what}, not an object"
+    st = e.status()
+    assert (st.state, st.reason) == (State.INCOMPLETE, f"marker present but data gone: {said}")
+    (problem,) = e.verify(deep=True, raise_errors=False).problems
+    assert (problem.key, problem.issue, problem.expected, problem.found) == (
+        "c/0", "missing", 10, f"{what}, not an object")
+    run = CliRunner().invoke(cli, ["verify", root, "--json"])
+    (result,) = json.loads(run.stdout)["results"]
+    assert [(p["key"], p["found"]) for p in result["problems"]] == [
+        ("c/0", f"{what}, not an object")], result
+    run = CliRunner().invoke(cli, ["scan", root, "--json"])
+    (row,) = json.loads(run.stdout)["entries"]
+    assert f"{e.url}/c/0 is {what}, not an object (the marker recorded 10 bytes)" in (
+        row["reason"]), row
+
+
 OBJECTS = {key(i): payload(i, 1000) for i in range(6)}
 
 

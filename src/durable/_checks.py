@@ -13,7 +13,7 @@ from durable._protocol import Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo
 
 __all__ = ["WORKERS", "LinkedRecords", "Problem", "Status", "VerifyReport", "checksum_all",
-           "deep_problem", "read_object_record", "report_error"]
+           "deep_problem", "missing", "missing_problem", "read_object_record", "report_error"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 #: Objects read (checksummed, verified) or folders looked at, at once.
@@ -30,6 +30,23 @@ class Status:
     racing: bool = field(default=False, compare=False)
     """INCOMPLETE only because another writer started at the same moment as the one asking
     (their attempt records are seconds apart): a later try may go through."""
+
+
+def missing(adapter: Adapter, path: str) -> str:
+    """What is at ``path``, where an object of a manifest is missing from a listing:
+    "missing", or what is there instead where the adapter can tell without a request (a
+    symlink, a directory, a special file on a local disk; listings skip them, and
+    "missing" named a path that is there)."""
+    what = adapter.not_an_object(path)
+    return "missing" if what is None else f"{what}, not an object"
+
+
+def missing_problem(adapter: Adapter, key: str, path: str, size: int) -> Problem:
+    """The `Problem` of a manifest's object a listing does not show: found is what is
+    there instead (`missing`), or None."""
+    what = missing(adapter, path)
+    return Problem(key, adapter.url(path), "missing", expected=size,
+                   found=None if what == "missing" else what)
 
 
 class LinkedRecords(MarkerError):
@@ -50,7 +67,7 @@ class Problem:
 
     def __str__(self) -> str:
         if self.issue == "missing":
-            return f"{self.url}: missing (expected {self.expected} bytes)"
+            return f"{self.url}: {self.found or 'missing'} (expected {self.expected} bytes)"
         if self.issue == "unexpected":
             return f"{self.url}: not in the manifest ({self.found} bytes)"
         if self.issue == "unreadable":

@@ -25,6 +25,8 @@ from durable._checks import (
     VerifyReport,
     checksum_all,
     deep_problem,
+    missing,
+    missing_problem,
     report_error,
 )
 from durable._commit import clear_records, commit, dirs_of, start, write_marker
@@ -218,7 +220,9 @@ class Entry:
             info = None if linked else self.adapter.info(path)
             want = marker.manifest.objects[key].size
             if info is None:
-                return f"{self.adapter.url(path)} is listed in the marker but missing"
+                found = missing(self.adapter, path)
+                return (f"{self.adapter.url(path)} is listed in the marker but "
+                        + ("missing" if found == "missing" else f"is {found}"))
             if info.size != want:
                 return (f"{self.adapter.url(path)} is {info.size} bytes, the marker recorded "
                         f"{want}")
@@ -430,7 +434,7 @@ class Entry:
             report.objects += 1
             found = listing.get(key)
             if found is None:
-                report.problems.append(Problem(key, url, "missing", expected=rec.size))
+                report.problems.append(missing_problem(self.adapter, key, path, rec.size))
             elif found.size != rec.size:
                 report.problems.append(Problem(key, url, "size", rec.size, found.size))
             elif deep:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from durable._checks import Problem, VerifyReport, deep_problem
+from durable._checks import Problem, VerifyReport, deep_problem, missing_problem
 from durable._entry import Entry
 from durable._errors import (
     AlreadyCompleteError,
@@ -258,7 +258,9 @@ def _compare(sv: Survey, key: str, marker: Marker,
         report.objects += 1
         found = listing.get(k)
         if found is None:
-            report.problems.append(Problem(k, url, "missing", expected=rec.size))
+            report.problems.append(missing_problem(sv.adapter, k,
+                                                   layout.object_path(k, marker.kind),
+                                                   rec.size))
         elif found.size != rec.size:
             report.problems.append(Problem(k, url, "size", rec.size, found.size))
         elif report.deep:

@@ -71,6 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from durable._checks import missing
 from durable._entry import Entry
 from durable._errors import DurableError, MarkerError
 from durable._lease import stated_stale_after
@@ -108,8 +109,8 @@ def size_mismatches(adapter: Adapter, marker: Marker, listing: dict[str, ObjectI
                                    strict=True):
         info = listing.get(key)
         if info is None:
-            bad.append(f"{adapter.url(path)} is missing (the marker recorded {rec.size} "
-                       "bytes)")
+            bad.append(f"{adapter.url(path)} is {missing(adapter, path)} (the marker "
+                       f"recorded {rec.size} bytes)")
         elif info.size != rec.size:
             bad.append(f"{adapter.url(info.path)} is {info.size} bytes, the marker "
                        f"recorded {rec.size}")
