@@ -26,7 +26,12 @@ from urllib.parse import quote
 
 import pytest
 
-from test_ops import check_attempt_record_made_a_directory, kill_writers
+from test_ops import (
+    GONE,
+    apply_as_another_cleans,
+    check_attempt_record_made_a_directory,
+    kill_writers,
+)
 
 DAYS = 3 * 86400
 
@@ -277,9 +282,7 @@ def test_two_cleans_at_once_report_a_removal_once(store: Store,
     "removed". The records' first object is now deleted on its planned version, which
     only one clean can do; gcp-storage-emulator enforces no conditional delete (leases
     are refused there too), so it can still tell no one from the other."""
-    import contextlib
-
-    from durable._ops import apply_clean, plan_clean
+    from durable._ops import plan_clean
     from durable._scan import survey
     from durable.adapters import resolve
 
@@ -291,24 +294,10 @@ def test_two_cleans_at_once_report_a_removal_once(store: Store,
         pytest.skip("this emulator enforces no conditional delete")
     plans = [plan_clean(sv, older_than=1, lease_wait=1) for sv in (first, second)]
     assert [mark([vars(i)]) for i in plans[0].items] == [[("entry", "dead.zarr", "planned")]]
-    exclusive = first.adapter.exclusive
-    ran: list[bool] = []
-
-    @contextlib.contextmanager
-    def second_clean_first(path: str) -> Iterator[bool]:
-        if not ran:  # (the adapter may be the second clean's too: it runs once)
-            ran.append(True)
-            apply_clean(second, plans[1], workers=1)
-        with exclusive(path) as locked:
-            yield locked
-
-    monkeypatch.setattr(first.adapter, "exclusive", second_clean_first)
-    apply_clean(first, plans[0], workers=1)
-    assert ran
+    apply_as_another_cleans(first, second, plans, monkeypatch)
     (a,), (b,) = plans[0].items, plans[1].items
     assert (b.status, b.detail) == ("removed", "")
-    assert (a.status, a.detail) == ("skipped", "already removed since the plan (by another "
-                                               "clean of this root, or a delete)")
+    assert (a.status, a.detail) == ("skipped", GONE)
     assert not [k for k in store.names() if "dead.zarr" in k]
 
 

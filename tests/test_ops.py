@@ -789,6 +789,31 @@ def test_clean_removes_attempt_records_left_beside_a_marker(small: LocalStore,
     assert done.state() is State.COMPLETE and done.verify(deep=True).ok
 
 
+GONE = "already removed since the plan (by another clean of this root, or a delete)"
+
+
+def apply_as_another_cleans(first: Any, second: Any, plans: list[Any],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apply ``plans[0]`` to the survey ``first``; as it comes to remove the records of its
+    first item (past every check), the other clean (``plans[1]`` on ``second``) runs whole."""
+    from durable._ops import apply_clean
+
+    exclusive = first.adapter.exclusive
+    ran: list[bool] = []
+
+    @contextlib.contextmanager
+    def second_clean_first(path: str) -> Iterator[bool]:
+        if not ran:  # (the adapter may be the second clean's too: it runs once)
+            ran.append(True)
+            apply_clean(second, plans[1], workers=1)
+        with exclusive(path) as locked:
+            yield locked
+
+    monkeypatch.setattr(first.adapter, "exclusive", second_clean_first)
+    apply_clean(first, plans[0], workers=1)
+    assert ran
+
+
 def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Two `durable clean --apply` runs of one root, planned together, the second removing
@@ -796,7 +821,7 @@ def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
     reported "removed" for the same entry (and the same spent records). Only one removed
     it; the other says it was already gone."""
     from durable import Entry, State
-    from durable._ops import apply_clean, plan_clean
+    from durable._ops import plan_clean
 
     done = Entry(small.url("done.zarr"))
     small.write(".durable/done.zarr/attempts/0123456789abcdef0123456789abcdef.json", b"{}")
@@ -807,26 +832,10 @@ def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
     planned = {(i.kind, i.url.rpartition("/")[2]) for i in plans[0].items}
     assert planned == {(i.kind, i.url.rpartition("/")[2]) for i in plans[1].items} == {
         ("entry", "dead.zarr"), ("entry", "stale.zarr"), ("spent", "done.zarr")}
-    exclusive = first.adapter.exclusive
-    ran: list[bool] = []
-
-    @contextlib.contextmanager
-    def second_clean_first(path: str) -> Iterator[bool]:
-        # The first clean's last step for its first item: the other clean runs whole now.
-        if not ran:
-            ran.append(True)
-            apply_clean(second, plans[1], workers=1)
-        with exclusive(path) as locked:
-            yield locked
-
-    monkeypatch.setattr(first.adapter, "exclusive", second_clean_first)
-    apply_clean(first, plans[0], workers=1)
-    assert ran
+    apply_as_another_cleans(first, second, plans, monkeypatch)
     for a, b in zip(plans[0].items, plans[1].items, strict=True):
         statuses = sorted([(a.status, a.detail), (b.status, b.detail)])
-        assert statuses == [("removed", ""), ("skipped", "already removed since the plan (by "
-                                                         "another clean of this root, or a "
-                                                         "delete)")], (a.url, statuses)
+        assert statuses == [("removed", ""), ("skipped", GONE)], (a.url, statuses)
     assert [i.status for i in plans[1].items] == ["removed"] * 3  # the one that ran whole
     after = small.snapshot()
     assert not [k for k in after if k.startswith((".durable/dead.zarr", "dead.zarr/",
@@ -862,8 +871,7 @@ def test_a_clean_finding_a_folder_removed_under_it_is_no_failure(
     apply_clean(first, plans[0], workers=1)
     assert ran
     status = {i.url.rpartition("/")[2]: (i.status, i.detail) for i in plans[0].items}
-    assert status["dead.zarr"] == ("skipped", "already removed since the plan (by another "
-                                              "clean of this root, or a delete)")
+    assert status["dead.zarr"] == ("skipped", GONE)
     assert not os.path.exists(dead)
 
 
