@@ -914,6 +914,32 @@ def test_an_attempt_record_made_a_directory_is_named_alike_everywhere(
     check_attempt_record_made_a_directory(LocalStore(os.path.realpath(tmp_path)), with_data)
 
 
+def test_spent_records_inside_a_committed_entry_are_its_data(tmp_path: Path) -> None:
+    """An entry committed inside another (``outer/inner``) with an attempt record left
+    beside its marker, then ``outer`` committed around it: that record is outer's data,
+    in outer's manifest. clean removed it as spent, and outer, COMPLETE, failed its
+    verification (missing). It is kept, naming the entry it belongs to."""
+    from durable import Entry, State
+
+    root = os.path.realpath(tmp_path)
+    store = LocalStore(root)
+    with Entry(store.url("outer", "inner")).writing() as w:
+        w.write_bytes("c/0", b"inner data")
+    store.write(f"outer/.durable/inner/attempts/{'a' * 32}.json", b"{}")
+    outer = Entry(store.url("outer"))
+    outer.mark_complete()
+    store.set_mtime("", time.time() - OLD)
+    before = store.snapshot()
+    code, doc = run(store, "clean", root, "--older-than", "1h", "--apply")
+    assert (code, doc["items"]) == (0, []), doc
+    (kept,) = doc["kept"]
+    assert kept == {"url": f"file://{root}/outer/inner (records beside its marker)",
+                    "reason": f"inside the committed entry file://{root}/outer, whose "
+                              "data they are"}
+    assert store.snapshot() == before
+    assert outer.state() is State.COMPLETE and outer.verify(deep=True).ok
+
+
 def test_mark_complete_checks_again_before_adopting(small: LocalStore) -> None:
     """A writer that takes a lease on unmarked data after the survey keeps it from adoption
     (Entry.mark_complete itself refuses a started writer, not a lease)."""

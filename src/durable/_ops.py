@@ -662,7 +662,13 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         times = [i.modified for i in spent.values() if i.modified is not None]
         age = age_since(max(times)) if len(times) == len(spent) else None
         state = states.get(key)
-        why = ((state[1] if state is not None and state[0] != "stale" else None)
+        owner = _committed_owner(sv, key)
+        # Inside a committed entry its records are that entry's data (a manifest lists
+        # them when they were there at its commit): removed, that entry lost objects it
+        # committed, and read INCOMPLETE.
+        why = ((f"inside the committed entry {sv.url(owner)}, whose data they are"
+                if owner is not None else None)
+               or (state[1] if state is not None and state[0] != "stale" else None)
                or old(age, "last written (store's clock)"))
         if why is not None:
             kept.append(Skipped(f"{url} (records beside its marker)", why))
