@@ -15,6 +15,7 @@ import pickle
 import re
 import subprocess
 import sys
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -581,6 +582,48 @@ def test_an_update_of_a_consolidated_group_is_read_at_its_new_shape(
     plain = zarr.open_consolidated(url, mode="r", **target.plain_options())
     np.testing.assert_array_equal(plain["a"][:], grown)
     assert Entry(url, storage_options=target.options).verify(deep=True).ok
+
+
+@pytest.mark.parametrize("store", [pytest.param("s3_bucket", marks=pytest.mark.s3),
+                                   pytest.param("gcs_bucket", marks=pytest.mark.gcs)])
+def test_an_update_begun_before_the_last_commits_housekeeping_keeps_its_metadata(
+        store: str, request: pytest.FixtureRequest) -> None:
+    """On an object store a commit removed its staged copies of the metadata by name, as
+    housekeeping after the marker. An update begun before that ran (the next step of the
+    same script, or another process) had staged the documents it hid under the same names:
+    the housekeeping removed those, and the update committed COMPLETE without the root
+    ``zarr.json``: no reader, plain or durable, found the array (seen on the GCS
+    emulator, whose removals are slow, as an xarray append then a region write)."""
+    from durable import _background as background
+
+    bucket: Bucket = request.getfixturevalue(store)
+    url, options = bucket.path("u.zarr"), dict(bucket.storage_options)
+    data = expected()
+    with dz.writing(url, storage_options=options) as zs:
+        zarr.create_array(zs, data=data, chunks=CHUNKS)
+    background.wait()
+    released = threading.Event()
+
+    def held() -> None:
+        released.wait(60)
+
+    # Housekeeping runs in order on one thread: the next commit's waits behind this.
+    background.later(held, "held by the test")
+    with dz.writing(url, storage_options=options, update=True) as zs:
+        zarr.open_array(zs, mode="r+")[:5] = -1
+    with dz.writing(url, storage_options=options, update=True) as zs:
+        zarr.open_array(zs, mode="r+")[5:10] = -2
+        released.set()
+        background.wait()  # the first update's housekeeping, while this one has staged
+    want = data.copy()
+    want[:5], want[5:10] = -1, -2
+    entry = Entry(url, storage_options=options)
+    assert entry.state() is State.COMPLETE
+    assert "zarr.json" in committed_keys(url, options)
+    np.testing.assert_array_equal(dz.open(url, storage_options=options)[:], want)
+    np.testing.assert_array_equal(
+        zarr.open_array(url, mode="r", storage_options=options)[:], want)
+    assert entry.verify(deep=True).ok
 
 
 def test_opening_an_array_inside_a_committed_group_names_the_entry(target: Target) -> None:
