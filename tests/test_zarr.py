@@ -626,6 +626,26 @@ def test_an_update_begun_before_the_last_commits_housekeeping_keeps_its_metadata
     assert entry.verify(deep=True).ok
 
 
+def test_an_update_whose_hidden_metadata_left_staging_is_never_committed(
+        target: Target) -> None:
+    """An update hides the entry's metadata in staging until its commit. Removed from
+    there by anyone else meanwhile (an older version's housekeeping, a tool clearing
+    `.durable`), the commit went on without it: COMPLETE, and no reader, plain or durable,
+    found the array. Now the commit refuses, naming what is gone."""
+    url = target.url("h.zarr")
+    data = expected()
+    dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
+    entry = Entry(url, storage_options=target.options)
+    with pytest.raises(IntegrityError, match=r"h\.zarr: zarr\.json, hidden .* gone from "
+                       r"staging") as err, \
+            dz.writing(url, storage_options=target.options, update=True) as zs:
+        zarr.open_array(zs, mode="r+")[:5] = -1
+        target.raw_delete(".durable/h.zarr/staged/zarr.json")
+    assert err.value.url == entry.url
+    assert entry.state() is State.INCOMPLETE
+    assert "zarr.json" not in target.raw_keys("h.zarr")
+
+
 def test_opening_an_array_inside_a_committed_group_names_the_entry(target: Target) -> None:
     """An array of a committed group opened by its own URL was "INCOMPLETE: data present
     but no commit marker" and nothing more: users rewrote or deleted committed data."""

@@ -52,7 +52,7 @@ from zarr.storage import LocalStore, WrapperStore
 
 from durable._checksum import crc32c
 from durable._entry import Entry, EntryWriter
-from durable._errors import AlreadyCompleteError
+from durable._errors import AlreadyCompleteError, IntegrityError
 from durable._fragments import FragmentRecorder
 from durable._protocol import MARKER_NAME, ObjectRecord
 from durable._zarr_reading import get_whole, inner_store
@@ -358,7 +358,7 @@ class WritingStore(WrapperStore[Store]):
         # zarr deletes chunks equal to the fill value and chunks a resize cut off.
         self._check_open()
         with _writing_for(self._attempt, self._url):
-            if is_metadata(key) and self._staged.forget(key):
+            if is_metadata(key) and self._staged.forget(key, deleted=True):
                 with self._staging_changes(key):
                     await self._staging.delete(key)
             self._staged.wrote_data = True
@@ -370,7 +370,7 @@ class WritingStore(WrapperStore[Store]):
         keys = [k async for k in self._store.list_prefix(prefix)]
         self._staged.wrote_data = True
         await self._store.delete_dir(prefix)
-        if self._staged.forget(prefix):
+        if self._staged.forget(prefix, deleted=True):
             with self._staging_changes(prefix):
                 await self._staging.delete_dir(prefix)
         for key in keys:
@@ -594,6 +594,15 @@ class WritingStore(WrapperStore[Store]):
         else:
             docs = dict(zip(keys, await asyncio.gather(*(staged(k) for k in keys)),
                             strict=True))
+            lost = sorted(k for k in self._staged.hidden if docs.get(k) is None)
+            if lost:
+                # Removed by someone else (a tool clearing `.durable`, an older version's
+                # housekeeping): committed without it, the node is gone for every reader.
+                raise IntegrityError(
+                    f"{entry.url}: {', '.join(lost)}, hidden from readers by this update, "
+                    "gone from staging before the commit: not committing without it",
+                    url=entry.url, expected=f"{len(lost)} staged documents",
+                    found="gone")
         tiers: dict[tuple[int, int], list[str]] = {}
         for key in docs:
             tiers.setdefault(_publish_tier(key), []).append(key)
