@@ -646,6 +646,75 @@ def test_an_update_whose_hidden_metadata_left_staging_is_never_committed(
     assert "zarr.json" not in target.raw_keys("h.zarr")
 
 
+@pytest.mark.s3
+def test_two_updates_started_at_once_never_both_write(s3_bucket: Bucket) -> None:
+    """Two updates of one COMPLETE entry (two jobs appending to one dataset) both looked,
+    both found it COMPLETE, and both went on: an update looked, then removed the marker
+    and announced itself, with no look after. The one that did not commit still wrote:
+    its chunks over the other's commit (COMPLETE over another writer's chunk), its
+    staging removals over the other's hidden metadata (committed without it), seen with
+    two processes in 3 of 30 races on local disk. Here the second update starts while
+    the first's request after its look is held (a proxy in front of moto): both went on,
+    each removed the metadata the other had hidden, both failed, and the dataset's
+    metadata was gone from the entry and from staging."""
+    from durable.testing.faults import Match, delay
+
+    url, options = s3_bucket.path("race.zarr"), dict(s3_bucket.storage_options)
+    data = np.arange(10.0)
+    dz.write(url, data, chunks=(5,), storage_options=options)
+    inside, go_on = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def second() -> None:
+        try:
+            with dz.writing(url, storage_options=options, update=True) as zs:
+                inside.set()
+                go_on.wait(60)
+                zarr.open_array(zs, mode="r+").append(np.full(5, 2.0))
+            outcome["second"] = "committed"
+        except Exception as exc:  # the test asserts on it below
+            outcome["second"] = exc
+        finally:
+            inside.set()
+
+    runner = threading.Thread(target=second)
+
+    def after_the_look(info: Any) -> bool:
+        # The first update's first change after its look: the marker's removal or its
+        # attempt record, whichever it sends first.
+        changes = ((info.method == "DELETE" and "race.zarr" in info.path)
+                   or (info.method == "POST" and "delete" in info.query)
+                   or (info.method == "PUT" and "/.durable/race.zarr/attempts/" in info.path))
+        if changes and not runner.is_alive() and "second" not in outcome:
+            runner.start()
+            inside.wait(60)
+        return False
+
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.add(delay(0, match=Match(where=after_the_look)))
+        via = {**options, "endpoint_url": proxy.url}
+        try:
+            with dz.writing(url, storage_options=via, update=True) as zs:
+                zarr.open_array(zs, mode="r+").append(np.full(5, 1.0))
+            outcome["first"] = "committed"
+        except Exception as exc:  # the test asserts on it below
+            outcome["first"] = exc
+        finally:
+            go_on.set()
+            runner.join(120)
+    committed = [k for k, v in outcome.items() if v == "committed"]
+    assert len(committed) == 1, outcome
+    loser = outcome["first" if committed == ["second"] else "second"]
+    assert isinstance(loser, IncompleteExistsError), outcome
+    want = np.concatenate([data, np.full(5, 2.0 if committed == ["second"] else 1.0)])
+    entry = Entry(url, storage_options=options)
+    assert entry.state() is State.COMPLETE
+    assert entry.verify(deep=True, raise_errors=False).ok
+    np.testing.assert_array_equal(dz.open(url, storage_options=options)[:], want)
+    np.testing.assert_array_equal(
+        zarr.open_array(url, mode="r", storage_options=options)[:], want)
+
+
 def test_opening_an_array_inside_a_committed_group_names_the_entry(target: Target) -> None:
     """An array of a committed group opened by its own URL was "INCOMPLETE: data present
     but no commit marker" and nothing more: users rewrote or deleted committed data."""
