@@ -665,15 +665,18 @@ def test_two_updates_started_at_once_never_both_write(s3_bucket: Bucket) -> None
     inside, go_on = threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
 
+    def append(who: str, via: dict[str, Any], value: float, held: Any) -> None:
+        try:
+            with dz.writing(url, storage_options=via, update=True) as zs:
+                held()
+                zarr.open_array(zs, mode="r+").append(np.full(5, value))
+            outcome[who] = "committed"
+        except Exception as exc:  # the test asserts on it below
+            outcome[who] = exc
+
     def second() -> None:
         try:
-            with dz.writing(url, storage_options=options, update=True) as zs:
-                inside.set()
-                go_on.wait(60)
-                zarr.open_array(zs, mode="r+").append(np.full(5, 2.0))
-            outcome["second"] = "committed"
-        except Exception as exc:  # the test asserts on it below
-            outcome["second"] = exc
+            append("second", options, 2.0, lambda: (inside.set(), go_on.wait(60)))
         finally:
             inside.set()
 
@@ -694,11 +697,7 @@ def test_two_updates_started_at_once_never_both_write(s3_bucket: Bucket) -> None
         proxy.add(delay(0, match=Match(where=after_the_look)))
         via = {**options, "endpoint_url": proxy.url}
         try:
-            with dz.writing(url, storage_options=via, update=True) as zs:
-                zarr.open_array(zs, mode="r+").append(np.full(5, 1.0))
-            outcome["first"] = "committed"
-        except Exception as exc:  # the test asserts on it below
-            outcome["first"] = exc
+            append("first", via, 1.0, lambda: None)
         finally:
             go_on.set()
             runner.join(120)
