@@ -331,7 +331,9 @@ def commit(entry: Entry, writer: EntryWriter, unrecorded: Literal["adopt", "erro
     # housekeeping the caller does not wait for (a round trip on an object store). It
     # is handed over after the marker's PUT returned: a failing racer that finds no
     # attempt record finds the marker.
-    spent = ([entry.layout.attempt_record(writer.attempt), *writer._spent]
+    # Only what is named by this attempt: a record named by key (zarr's staged metadata
+    # once) would be the next writer's by the time this runs.
+    spent = ([entry.layout.attempt_record(writer.attempt)]
              + [i.path for i in fragments.values()])
     pruned = fragments_dir(entry.layout.records, writer.attempt) if fragments else None
 

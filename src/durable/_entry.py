@@ -582,8 +582,7 @@ class Entry:
                     self.adapter.delete_prefix(self.path)
                     clear_records(self)
                 else:
-                    self.adapter.delete([self.layout.attempt_record(writer.attempt),
-                                         *writer._spent])
+                    self.adapter.delete([self.layout.attempt_record(writer.attempt)])
             raise
 
     def _is_lease_key(self, key: str) -> bool:
