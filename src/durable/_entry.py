@@ -549,7 +549,8 @@ class Entry:
           removed first, the old manifest seeds the new one (untouched objects are not
           re-read), and the entry is INCOMPLETE until the new commit. An ABSENT entry is
           written as usual; an INCOMPLETE one is IncompleteExistsError (a rerun of a
-          killed append, taken as a resume, would append after what it had added).
+          killed append, taken as a resume, would append after what it had added), and
+          so is one another update started on at the same moment.
         - Inside a committed entry (a path under a directory or prefix with a commit
           marker): EntryExistsError naming both; this entry would change that one's data.
         - ``unrecorded``: objects that appear in the entry without passing through the
@@ -609,8 +610,7 @@ class Entry:
                     self.adapter.delete_prefix(self.path)
                     clear_records(self)
                 else:
-                    self.adapter.delete([self.layout.attempt_record(writer.attempt),
-                                         *writer._spent])
+                    self.adapter.delete([self.layout.attempt_record(writer.attempt)])
             raise
 
     def _is_lease_key(self, key: str) -> bool:

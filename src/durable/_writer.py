@@ -52,7 +52,6 @@ class EntryWriter:
         self._from_records = False
         # Objects whose bytes are being made durable already (`sync_soon`): key -> futures
         self._syncing: dict[str, Future[None]] = {}
-        self._spent: list[str] = []
         self.fs = RecordingFileSystem(self)
 
     def key_of(self, path: str) -> str:
@@ -204,11 +203,6 @@ class EntryWriter:
         started = self.entry.adapter.sync_soon([f"{self.path}/{k}" for k in keys])
         with self._lock:
             self._syncing.update(zip(keys, started, strict=False))
-
-    def remove_when_done(self, paths: list[str]) -> None:
-        """Records of this attempt (paths in the records dir) that have served their
-        purpose: removed with the attempt record when the block ends (one request)."""
-        self._spent.extend(paths)
 
     def forget(self, key: str) -> None:
         with self._lock:
