@@ -1210,3 +1210,32 @@ def test_numpy_times_in_any_unit_never_share_a_key_with_another_instant(local: S
     day, minute = np.datetime64("2020-01-01", "D"), np.datetime64("2020-01-01T00:00", "m")
     assert day == minute and f.entry(day).url != f.entry(minute).url
     assert f.entry(day).url != f.entry(np.array(day)).url
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_array_subclass_arguments_never_share_a_plain_arrays_entry(local: Store) -> None:
+    """An argument that is an ndarray subclass was keyed by its dtype, shape and bytes
+    alone: a masked array shared the entry of the plain array of its filled values (their
+    sums differ), np.matrix that of the array (``a ** 2`` differs), and each call returned
+    the other's result. Such an argument is a TypeError asking for key=; a memory-mapped
+    array (np.load(..., mmap_mode="r")) is what its bytes say, and keys as the array."""
+    @durable.cached(local.root)
+    def total(a: np.ndarray) -> float:
+        return float(a.sum())
+
+    plain = np.array([1, 999999, 3])
+    masked = np.ma.masked_array([1, 2, 3], mask=[False, True, False])
+    assert masked.tobytes() == plain.tobytes()  # the mask was all that set them apart
+    assert total(plain) == 1000003.0
+    with pytest.raises(TypeError, match=r"argument 'a'.*numpy\.ma.*MaskedArray.*key="):
+        total(masked)
+    with pytest.raises(TypeError, match=r"argument 'a'.*numpy.*matrix.*key="):
+        total(np.matrix([[1, 2], [3, 4]]))
+    assert total.state(np.arange(2)) is State.ABSENT  # nothing was computed for them
+
+    path = Path(local.root).parent / "plain.npy"
+    np.save(path, plain)
+    mapped = np.load(path, mmap_mode="r")
+    assert type(mapped) is np.memmap
+    assert total.entry(mapped).url == total.entry(plain).url
+    assert total(mapped) == 1000003.0

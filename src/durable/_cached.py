@@ -496,6 +496,16 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
                                               f"{where}, field {f.name!r}", depth + 1)
                            for f in dataclasses.fields(value)}}
     ndarray = _numpy_type("ndarray")
+    if (ndarray is not None and isinstance(value, ndarray) and type(value) is not ndarray
+            and not isinstance(value, _numpy_type("memmap"))):
+        # Keyed by its bytes, a subclass shared the plain array's entry: a masked array
+        # that of its filled values, np.matrix (whose ** is a matrix power) and a unit
+        # carrying array that of its numbers. A memmap is what its bytes say.
+        raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
+                        "is an ndarray subclass, whose bytes do not say all it is (a mask, "
+                        "a unit, matrix semantics): pass numpy.asarray(...) of it, or key= "
+                        "to cached (a function of the same arguments returning what "
+                        "identifies the result)")
     if ndarray is not None and isinstance(value, ndarray) and value.dtype.kind != "O":
         data = value.tobytes(order="C")
         # A structured dtype's str is "|V<size>" alone: arrays with other field names (or
