@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import re
@@ -1239,3 +1240,31 @@ def test_array_subclass_arguments_never_share_a_plain_arrays_entry(local: Store)
     assert type(mapped) is np.memmap
     assert total.entry(mapped).url == total.entry(plain).url
     assert total(mapped) == 1000003.0
+
+
+def test_versions_that_share_a_folder_name_never_share_a_key(local: Store) -> None:
+    """The folder of a version is its text made safe for a path (cut at 96 characters,
+    punctuation as "_", dots stripped from its ends), and the key was hashed from that
+    folder name: a version naming a model and its config past 96 characters, "1,0" and
+    "1_0", "1." and "1" shared entries, and a bumped version returned the old results."""
+    def make(version: str) -> Any:
+        @durable.cached(local.root, version=version)
+        def tag(x: int) -> str:
+            return version
+
+        return tag
+
+    pairs = [("resnet50-" + "a" * 90 + "-lr=0.1", "resnet50-" + "a" * 90 + "-lr=0.2"),
+             ("1,0", "1_0"), ("1.", "1"), ("v/2", "v_2")]
+    for old, new in pairs:
+        assert make(old)(1) == old
+        assert make(new)(1) == new, (old, new)
+    dotted = make("1.")
+    assert json.loads(Path(dotted.entry(1).path, "key.json").read_bytes())["version"] == "1."
+    # A version that is its own folder name keys as it always did (the hash of the
+    # function's name, the version and the arguments): existing entries still hit.
+    plain = make("7")
+    function = f"{__name__}.{test_versions_that_share_a_folder_name_never_share_a_key.__name__}"
+    recipe = json.dumps([f"{function}.<locals>.make.<locals>.tag", "7", {"x": 1}],
+                        sort_keys=True, separators=(",", ":")).encode()
+    assert plain.entry(1).url.endswith(f"/v7/x=1-{hashlib.sha256(recipe).hexdigest()[:16]}")

@@ -149,12 +149,16 @@ class CachedFunction(Generic[P, R]):
         check_stale_after(stale_after, stale_after / 5)  # refused now, not at the first call
         self._stale_after = stale_after
         self._adapter, root_path = resolve(root, storage_options)
-        self._version = _safe(str(version))
-        if not self._version:
+        # The key hashes the version as given; its folder is a hint, made safe for a path
+        # (cut, punctuation replaced): hashed from that, "1,0" and "1_0", or two versions
+        # alike for 96 characters, shared entries and returned each other's results.
+        self._version = str(version)
+        folder = _safe(self._version)
+        if not folder:
             raise ValueError(f"version {version!r} has nothing that can go in a path")
         self._function = _qualified(func)
         self._name = getattr(func, "__name__", "function")
-        self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{self._version}"
+        self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{folder}"
 
     def __repr__(self) -> str:
         return f"<durable.cached {self._function} at {self._adapter.url(self._prefix)}>"
