@@ -7,6 +7,7 @@ test computes itself, with the `crc32c` package, over the files as they are in t
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -701,3 +702,20 @@ def test_an_empty_url_is_refused(tmp_path: os.PathLike[str]) -> None:
 
     with pytest.raises(ValueError, match="an empty URL names no object"):
         atomic_write("").__enter__()
+
+
+def test_a_file_dropped_unclosed_in_the_block_refuses_the_commit(place: Place) -> None:
+    """``np.save(w.fs.open(path, "wb"), array)``: the file, never closed, is dropped as the
+    statement ends, and its finalizer publishes nothing (never from the garbage
+    collector). The commit then went on without it: the entry was COMPLETE with the shard
+    missing from its data and its manifest, and the writer was told nothing. Refused,
+    naming the object; nothing of the entry is left."""
+    e = Entry(place.url("ckpt"))
+    with pytest.raises(IntegrityError,
+                       match=r"dropped without close\(\), so never published: .*ckpt/shard-0"), \
+            e.writing() as w:
+        w.write_bytes("index.json", b'{"shards": 1}')
+        w.fs.open(f"{w.path}/shard-0.bin", "wb").write(b"weights")  # never closed
+        gc.collect()  # where reference counting did not drop it already
+    assert e.state() is State.ABSENT
+    assert not [k for k in place.files() if k.startswith("ckpt/")]

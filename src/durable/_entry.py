@@ -1045,6 +1045,9 @@ class EntryWriter:
         # The files handed out, to see any still open when the block ends (weak: one that
         # was dropped unclosed is aborted by its own finalizer).
         self._writing: weakref.WeakSet[AtomicFile] = weakref.WeakSet()
+        # ... and their paths: `np.save(w.fs.open(p, "wb"), a)` dropped its file unclosed,
+        # so published nothing, and the entry was committed without that object.
+        self._dropped: list[str] = []
         self._lease: Lease | None = None
         self._listing: dict[str, ObjectInfo] | None = None
         self._records_listing: dict[str, ObjectInfo] | None = None
@@ -1107,6 +1110,7 @@ class EntryWriter:
                 tail=ObjectRecord.of(af.checksum.size, af.checksum.crc, af.checksum.ending).tail)
 
         f.on_commit = committed
+        f.on_drop = lambda af: self._dropped.append(af.path)
         self._writing.add(f)
         return f
 
@@ -1114,19 +1118,28 @@ class EntryWriter:
         """At the end of the block, before the commit: an object opened through the writer
         and neither closed nor aborted is still being written (a file left open, a thread
         still at work). The commit would take its temp file for a killed writer's leftover
-        and commit the entry without it; it is aborted here, and the commit refused."""
+        and commit the entry without it; it is aborted here, and the commit refused. So is
+        one dropped unclosed, which its finalizer aborted: the entry would lack it too."""
         unfinished = [f for f in list(self._writing) if not f.done]
-        if not unfinished:
+        if not unfinished and not self._dropped:
             return
         for f in unfinished:
             with contextlib.suppress(Exception):
                 f.abort()
-        names = ", ".join(self.entry.adapter.url(f.path) for f in unfinished[:5])
+        problems = []
+        if unfinished:
+            names = ", ".join(self.entry.adapter.url(f.path) for f in unfinished[:5])
+            problems.append(f"{len(unfinished)} object(s) opened in the writing() block "
+                            f"still open when it ended: {names}")
+        if self._dropped:
+            names = ", ".join(self.entry.adapter.url(p) for p in self._dropped[:5])
+            problems.append(f"{len(self._dropped)} object(s) opened in the writing() block "
+                            f"dropped without close(), so never published: {names}")
         raise IntegrityError(
-            f"{self.url}: not committing: {len(unfinished)} object(s) opened in the "
-            f"writing() block still open when it ended: {names} (close each file, and "
-            "let every thread writing finish, inside the block)", url=self.url,
-            expected="every object closed", found=f"{len(unfinished)} open")
+            f"{self.url}: not committing: {'; '.join(problems)} (close each file, best in "
+            "a `with` block, and let every thread writing finish, inside the block)",
+            url=self.url, expected="every object closed",
+            found=f"{len(unfinished)} open, {len(self._dropped)} dropped")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         with self.open(key) as f:
