@@ -1268,3 +1268,34 @@ def test_versions_that_share_a_folder_name_never_share_a_key(local: Store) -> No
     recipe = json.dumps([f"{function}.<locals>.make.<locals>.tag", "7", {"x": 1}],
                         sort_keys=True, separators=(",", ":")).encode()
     assert plain.entry(1).url.endswith(f"/v7/x=1-{hashlib.sha256(recipe).hexdigest()[:16]}")
+
+
+def test_the_helpers_of_a_method_reached_through_an_instance_take_its_instance(
+        local: Store) -> None:
+    """``model.predict.clear(x)``: a bound method hands attribute lookups to the function
+    under it, so the helpers ran without the instance and took ``x`` for ``self``. With a
+    default for the other arguments that was another entry's: clear removed nothing the
+    user meant (the next call returned the result they had cleared), state answered for
+    another call; without one, a TypeError about a lambda's arguments."""
+    computed: list[tuple[str, int, int]] = []
+
+    @dataclass
+    class Model:
+        name: str
+
+        @durable.cached(local.root)
+        def predict(self, x: int, scale: int = 1) -> list[Any]:
+            computed.append((self.name, x, scale))
+            return [self.name, x * scale, len(computed)]
+
+    m = Model("m1")
+    first = m.predict(3)
+    assert m.predict.state(3) is State.COMPLETE
+    assert m.predict.entry(3).url == Model.predict.entry(m, 3).url
+    m.predict.clear(3)
+    assert Model.predict.state(m, 3) is State.ABSENT
+    again = m.predict(3)
+    assert again != first and len(computed) == 2  # computed again, not the cleared result
+    assert m.predict.recompute(3) == ["m1", 3, 3]
+    assert m.predict(3) == ["m1", 3, 3]
+    assert Model("m2").predict.state(3) is State.ABSENT

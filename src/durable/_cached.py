@@ -51,7 +51,6 @@ import os
 import re
 import sys
 import time
-import types
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
@@ -75,7 +74,7 @@ from durable._protocol import Manifest, Marker, State
 from durable._serializers import BytesSerializer, choose, load_value
 from durable.adapters import resolve
 
-__all__ = ["CachedFunction", "cached"]
+__all__ = ["BoundCachedFunction", "CachedFunction", "cached"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -166,8 +165,10 @@ class CachedFunction(Generic[P, R]):
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         # On a method: bound as a function would be, so ``self`` is the first argument,
         # and part of the key like any other (an unkeyable instance is a TypeError naming
-        # it; ``key=`` chooses what counts).
-        return self if instance is None else types.MethodType(self, instance)
+        # it; ``key=`` chooses what counts). The helpers are bound too: through a plain
+        # bound method, ``model.predict.clear(x)`` took x for self and cleared another
+        # entry (or none).
+        return self if instance is None else BoundCachedFunction(self, instance)
 
     # the entry of a call -----------------------------------------------------------------
     def _key_doc(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -410,6 +411,42 @@ class CachedFunction(Generic[P, R]):
                 f"as watched from here (stale after {view.stale_after:g} s). Pass "
                 "on_incomplete='takeover' to recompute it, or remove it with "
                 f"{self._name}.clear(...) (`durable clean`)")
+
+
+class BoundCachedFunction:
+    """A cached method reached through an instance: the call and the helpers (``entry``,
+    ``state``, ``clear``, ``recompute``) take that instance first, as a bound method's
+    call does. Pickled as a bound method is (the instance and the method's name)."""
+
+    def __init__(self, function: CachedFunction[..., Any], instance: object) -> None:
+        self.__func__ = function
+        self.__self__ = instance
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def entry(self, *args: Any, **kwargs: Any) -> Entry:
+        return self.__func__.entry(self.__self__, *args, **kwargs)
+
+    def state(self, *args: Any, **kwargs: Any) -> State:
+        return self.__func__.state(self.__self__, *args, **kwargs)
+
+    def clear(self, *args: Any, **kwargs: Any) -> None:
+        self.__func__.clear(self.__self__, *args, **kwargs)
+
+    def recompute(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__.recompute(self.__self__, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("__func__", "__self__"):  # not set yet (a copy): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.__func__, name)  # __name__, __wrapped__, on_incomplete, ...
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (self.__self__, self.__func__._name)
+
+    def __repr__(self) -> str:
+        return f"<bound {self.__func__!r} of {self.__self__!r}>"
 
 
 class _Leftover(Exception):
