@@ -1299,3 +1299,24 @@ def test_the_helpers_of_a_method_reached_through_an_instance_take_its_instance(
     assert m.predict.recompute(3) == ["m1", 3, 3]
     assert m.predict(3) == ["m1", 3, 3]
     assert Model("m2").predict.state(3) is State.ABSENT
+
+
+def test_async_and_generator_functions_are_refused_when_decorated(local: Store) -> None:
+    """An async function's call returns a coroutine, a generator function's a generator:
+    neither had run when cached tried to store it, and the error came at the first call,
+    as "no serializer stores a builtins.coroutine" (with Python's "never awaited"
+    warning). Refused at decoration, saying what to cache instead."""
+    async def fetch(x: int) -> int:
+        return x
+
+    def shards(n: int) -> Iterator[int]:
+        yield from range(n)
+
+    async def stream(n: int) -> Any:
+        yield n
+
+    for func, what in ((fetch, "an async function"), (shards, "a generator function"),
+                       (stream, "an async generator function")):
+        with pytest.raises(TypeError, match=rf"{func.__name__}.* is {what}"):
+            durable.cached(local.root)(func)
+    assert not Path(local.root).exists()

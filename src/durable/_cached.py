@@ -135,6 +135,15 @@ class CachedFunction(Generic[P, R]):
             raise TypeError(f"durable.cached needs a function defined with def, got a "
                             f"lambda ({func.__module__}.{func.__qualname__}): lambdas "
                             "share one name, so their results would share entries")
+        kind = ("an async generator function" if inspect.isasyncgenfunction(func)
+                else "an async function" if inspect.iscoroutinefunction(func)
+                else "a generator function" if inspect.isgeneratorfunction(func) else None)
+        if kind is not None:
+            # Its call returns a coroutine or a generator that has not run: nothing to
+            # store, and the error came only at the first call, naming the coroutine.
+            raise TypeError(f"durable.cached cannot cache {func.__qualname__}: it is {kind}, "
+                            "whose call returns before it runs; cache a plain function "
+                            "that returns the finished result (a list, an array, ...)")
         functools.update_wrapper(self, func)
         self.__wrapped__ = func
         self._func = func
