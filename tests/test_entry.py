@@ -719,3 +719,19 @@ def test_a_file_dropped_unclosed_in_the_block_refuses_the_commit(place: Place) -
         gc.collect()  # where reference counting did not drop it already
     assert e.state() is State.ABSENT
     assert not [k for k in place.files() if k.startswith("ckpt/")]
+
+
+def test_a_writer_over_data_written_without_durable_is_told_how_to_adopt_it(
+        place: Place) -> None:
+    """A checkpoint folder saved before durable (no records at all): the refusal said
+    "a killed writer's leftover ... Resolve it with Entry.delete() or `durable clean`",
+    and `durable clean` leaves data with no durable records alone (it removed nothing).
+    It says what the data is and how to adopt it or start over."""
+    place.write("legacy/model.npy", b"weights")
+    with pytest.raises(IncompleteExistsError) as info, \
+            Entry(place.url("legacy")).writing() as w:
+        w.write_bytes("more.npy", b"x")
+    text = str(info.value)
+    assert "no durable records" in text and "mark_complete()" in text
+    assert "overwrite=True" in text and "durable clean" not in text
+    assert place.files() == {"legacy/model.npy": b"weights"}
