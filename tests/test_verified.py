@@ -358,6 +358,24 @@ def test_object_not_in_the_manifest_is_refused(place: Place) -> None:
     assert info.value.url == url and "not in the manifest" in str(info.value)
 
 
+def test_an_object_neither_there_nor_committed_is_not_found(place: Place) -> None:
+    """A probe for an optional file of a committed checkpoint (``optimizer.pt``, never
+    saved): read_verified and open_verified raised IntegrityError ("not part of what was
+    committed"), an OSError that ``except FileNotFoundError`` let through, where
+    ``durable::`` and any file system answer "not found". One that is there but was not
+    committed stays an IntegrityError."""
+    in_entry(place)
+    url = place.canonical("ent", "c", "optimizer.pt")
+    for read in (lambda: read_verified(url), lambda: open_verified(url).read()):
+        with pytest.raises(FileNotFoundError, match=r"committed entry .*ent") as info:
+            read()
+        assert not isinstance(info.value, IntegrityError)
+        assert url in str(info.value)
+    place.write("ent/c/optimizer.pt", b"written after the commit")
+    with pytest.raises(IntegrityError, match="not in the manifest"):
+        read_verified(url)
+
+
 def test_an_object_deep_inside_an_entry_is_checked_against_its_manifest(
         place: Place) -> None:
     """Writers take keys of any depth; the reader's walk up to the entry's marker must

@@ -76,6 +76,13 @@ def find_record(adapter: Adapter, path: str, info: ObjectInfo | None = None, *,
     if rec is None:
         if key == "":
             return None
+        if info is None and (stat_taken or adapter.info(path) is None):
+            # Neither there nor committed: not found, as through durable:: and on any file
+            # system. An IntegrityError (an OSError) went past `except FileNotFoundError`
+            # around a probe for an optional file of a checkpoint.
+            raise FileNotFoundError(errno.ENOENT, "no such object, and none in the "
+                                    f"manifest of the committed entry {entry.url}",
+                                    adapter.url(path))
         raise IntegrityError(
             f"{adapter.url(path)} is not in the manifest of the committed entry "
             f"{entry.url}: not part of what was committed", url=adapter.url(path),
