@@ -735,3 +735,31 @@ def test_a_writer_over_data_written_without_durable_is_told_how_to_adopt_it(
     assert "no durable records" in text and "mark_complete()" in text
     assert "overwrite=True" in text and "durable clean" not in text
     assert place.files() == {"legacy/model.npy": b"weights"}
+
+
+def test_a_file_dropped_then_written_again_commits_what_was_written_after(
+        place: Place) -> None:
+    """A download retried by hand: the failed try's file dropped unclosed, the next one
+    written whole. The object is in the entry as the later file wrote it: nothing was
+    lost, so the commit goes on. A rewrite dropped after an earlier write of the same
+    object was lost, and still refuses it."""
+    e = Entry(place.url("ckpt"))
+    with e.writing() as w:
+        for attempt in range(2):
+            f = w.fs.open(f"{w.path}/weights.bin", "wb")
+            f.write(b"partial" if attempt == 0 else b"whole weights")
+            if attempt == 0:
+                del f  # the try failed: its file dropped, unclosed
+                gc.collect()
+                continue
+            f.close()
+    assert e.state() is State.COMPLETE
+    assert read_verified(place.url("ckpt", "weights.bin")) == b"whole weights"
+
+    e2 = Entry(place.url("ckpt2"))
+    with pytest.raises(IntegrityError, match=r"dropped without close\(\).*ckpt2/a"), \
+            e2.writing() as w:
+        w.write_bytes("a", b"first")
+        w.fs.open(f"{w.path}/a", "wb").write(b"second, lost")
+        gc.collect()
+    assert e2.state() is State.ABSENT
