@@ -39,6 +39,7 @@ from durable import (
     State,
     UnsupportedError,
 )
+from durable._serializers import load_value
 from durable.adapters.local import LOCK_SUFFIX
 from durable.testing import faults
 from durable.testing.faults import FaultProxy, RequestRecord
@@ -1320,3 +1321,32 @@ def test_async_and_generator_functions_are_refused_when_decorated(local: Store) 
         with pytest.raises(TypeError, match=rf"{func.__name__}.* is {what}"):
             durable.cached(local.root)(func)
     assert not Path(local.root).exists()
+
+
+def test_a_hit_this_process_cannot_load_names_its_entry(local: Store) -> None:
+    """A pickled result read by a process without pickle=True, or one whose serializer is
+    not registered there: the error said "this entry holds a pickle" and "no serializer
+    named ... is registered in this process" without saying which entry, in a job that
+    reads thousands."""
+    def f_result() -> Any:
+        return {"ids": (1, 2)}
+
+    durable.cached(local.root, pickle=True)(f_result)()
+    plain = durable.cached(local.root)(f_result)
+    with pytest.raises(UnsupportedError, match="pickle=True") as info:
+        plain()
+    assert plain.entry().url in str(info.value)
+
+    def g_result() -> Any:
+        return b"x"
+
+    writer = durable.cached(local.root)(g_result)
+    writer()
+    entry = writer.entry()
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    renamed = {("value.elsewhere" if k == "value.bin" else k): r
+               for k, r in marker.manifest.objects.items()}
+    with pytest.raises(UnsupportedError, match=r"no serializer named 'elsewhere'") as info:
+        load_value(entry, durable.Manifest(renamed), allow_pickle=False)
+    assert entry.url in str(info.value)

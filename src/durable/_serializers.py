@@ -399,4 +399,9 @@ def load_value(entry: Entry, manifest: Manifest, *, allow_pickle: bool) -> Any:
         raise MarkerError(f"{entry.url}: not a durable.cached entry (its manifest holds "
                           f"{len(values)} 'value.*' results, expected 1)", url=entry.url)
     key = values[0]
-    return by_name(key[len("value."):], allow_pickle=allow_pickle).load(entry, key, manifest)
+    try:
+        ser = by_name(key[len("value."):], allow_pickle=allow_pickle)
+    except UnsupportedError as exc:
+        # Which entry: a job reading thousands was told only "this entry holds a pickle".
+        raise UnsupportedError(f"{entry.url}: {exc}") from None
+    return ser.load(entry, key, manifest)
