@@ -508,7 +508,33 @@ def test_a_script_and_its_spawned_workers_share_one_entry(tmp_path: Path) -> Non
     assert "b'tokens-1'" in out
     assert (root / "computed.log").read_text().split() == ["1"]
     assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != ".durable") \
-        == ["__main__.tokenize"]
+        == ["job.py.tokenize"]
+
+
+def test_two_scripts_functions_of_one_name_never_share_entries(tmp_path: Path) -> None:
+    """Every script's module is __main__: prep_v1.py's and prep_v2.py's ``tokenize``, both
+    cached under one root, were both ``__main__.tokenize``, and the second script got the
+    first one's results. A script's functions are named after its file (``prep_v1.py``);
+    one run with ``python -m`` after its module's name, as when imported."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    outs = []
+    for version in ("v1", "v2"):
+        script = tmp_path / f"prep_{version}.py"
+        script.write_text(_SCRIPT.replace('b"tokens-%d"', f'b"{version}-tokens-%d"'))
+        outs.append(subprocess.run([sys.executable, str(script), str(root)],
+                                   capture_output=True, text=True, timeout=120,
+                                   check=True).stdout)
+    assert "b'v1-tokens-1'" in outs[0] and "b'v2-tokens-1'" in outs[1]
+    assert (root / "computed.log").read_text().split() == ["1", "1"]
+    module = subprocess.run([sys.executable, "-m", "prep_v2", str(root)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "b'v2-tokens-1'" in module
+    assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != ".durable") \
+        == ["prep_v1.py.tokenize", "prep_v2.py.tokenize", "prep_v2.tokenize"]
 
 
 _SCRIPT_TYPES = """

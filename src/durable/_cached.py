@@ -578,8 +578,21 @@ def _qualified(obj: Any) -> str:
     """``module.qualname`` of a function or class, the same in every process: a script's
     are __main__'s in the script and __mp_main__'s in the workers multiprocessing spawns
     from it (its functions' results, or the keys of its enums and dataclasses, were
-    computed and stored twice)."""
-    module = "__main__" if obj.__module__ == "__mp_main__" else obj.__module__
+    computed and stored twice). And another script's are not: named __main__'s, the
+    ``tokenize`` of prep_v1.py and of prep_v2.py shared entries under one root, and one
+    returned the other's results. A script is named by its file (``prep_v1.py``), one run
+    with ``python -m`` by its module; __main__ stays for what has neither (a notebook)."""
+    module = obj.__module__
+    if module in ("__main__", "__mp_main__"):
+        main = sys.modules.get(module)
+        spec = getattr(main, "__spec__", None)
+        file = getattr(main, "__file__", None)
+        if spec is not None and spec.name not in ("__main__", "__mp_main__"):
+            module = spec.name
+        elif isinstance(file, str):
+            module = os.path.basename(file)
+        else:
+            module = "__main__"
     return f"{module}.{obj.__qualname__}"
 
 
