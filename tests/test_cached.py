@@ -1326,6 +1326,13 @@ def test_the_helpers_of_a_method_reached_through_an_instance_take_its_instance(
     assert m.predict.recompute(3) == ["m1", 3, 3]
     assert m.predict(3) == ["m1", 3, 3]
     assert Model("m2").predict.state(3) is State.ABSENT
+    # Still what a bound method is to tools that look: its signature without self, equal
+    # to itself, pickled as the instance and the method's name (a pool's map of it).
+    import inspect
+
+    assert list(inspect.signature(m.predict).parameters) == ["x", "scale"]
+    assert m.predict == m.predict and m.predict != Model("m1").predict
+    assert m.predict.__reduce__() == (getattr, (m, "predict"))
 
 
 def test_async_and_generator_functions_are_refused_when_decorated(local: Store) -> None:

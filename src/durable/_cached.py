@@ -430,6 +430,13 @@ class BoundCachedFunction:
     def __init__(self, function: CachedFunction[..., Any], instance: object) -> None:
         self.__func__ = function
         self.__self__ = instance
+        self.__doc__ = function.__doc__
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # As a bound method's: the function's, without the instance's parameter.
+        sig = inspect.signature(self.__func__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.__func__(self.__self__, *args, **kwargs)
@@ -453,6 +460,13 @@ class BoundCachedFunction:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return getattr, (self.__self__, self.__func__._name)
+
+    def __eq__(self, other: object) -> bool:  # as bound methods compare: the same instance
+        return (isinstance(other, BoundCachedFunction) and other.__func__ is self.__func__
+                and other.__self__ is self.__self__)
+
+    def __hash__(self) -> int:
+        return hash((id(self.__func__), id(self.__self__)))
 
     def __repr__(self) -> str:
         return f"<bound {self.__func__!r} of {self.__self__!r}>"
