@@ -376,6 +376,23 @@ def test_an_object_neither_there_nor_committed_is_not_found(place: Place) -> Non
         read_verified(url)
 
 
+def test_an_object_of_an_entry_being_written_is_refused_saying_so(place: Place) -> None:
+    """A reader on another node, a checkpoint's shard while its writer is at work (or was
+    killed): "no commit record covers this object ... adopt it with
+    Entry.mark_complete()", advice that would call a partial checkpoint whole. It names
+    the entry a durable writer started and has not committed."""
+    e = Entry(place.url("step-7"))
+    with e.writing() as w:
+        w.write_bytes("shards/0.npy", DATA)
+        for url in (place.url("step-7", "shards", "0.npy"),):
+            with pytest.raises(IncompleteError) as info:
+                read_verified(url)
+            text = str(info.value)
+            assert f"{e.url}, which a durable writer started and has not committed" in text
+            assert "mark_complete" not in text
+    assert read_verified(place.url("step-7", "shards", "0.npy")) == DATA
+
+
 def test_an_object_deep_inside_an_entry_is_checked_against_its_manifest(
         place: Place) -> None:
     """Writers take keys of any depth; the reader's walk up to the entry's marker must
