@@ -1383,3 +1383,22 @@ def test_a_hit_this_process_cannot_load_names_its_entry(local: Store) -> None:
     with pytest.raises(UnsupportedError, match=r"no serializer named 'elsewhere'") as info:
         load_value(entry, durable.Manifest(renamed), allow_pickle=False)
     assert entry.url in str(info.value)
+
+
+def test_a_memory_mapped_result_is_stored_as_the_array_it_is(local: Store,
+                                                              tmp_path: Path) -> None:
+    """``np.load(path, mmap_mode="r")[:n]`` is an np.memmap, which the npy serializer
+    refused ("no serializer stores a numpy.memmap: return ... a NumPy array"): an array
+    is what it is, and comes back as one."""
+    data = np.arange(1000, dtype=np.float32)
+    np.save(tmp_path / "tokens.npy", data)
+
+    @durable.cached(local.root)
+    def head(n: int) -> np.ndarray:
+        return np.load(tmp_path / "tokens.npy", mmap_mode="r")[:n]
+
+    assert type(head.__wrapped__(10)) is np.memmap
+    got = head(10)
+    assert type(got) is np.ndarray and np.array_equal(got, data[:10])
+    assert np.array_equal(head(10), data[:10])  # the hit
+    assert "value.npy" in _value_keys(head.entry(10))

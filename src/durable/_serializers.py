@@ -152,8 +152,11 @@ def _is_ndarray(value: Any) -> bool:
     # as a plain ndarray, its mask or its semantics gone without a word. Not holding
     # objects anywhere: a structured dtype with an object field is not of kind "O", and
     # numpy.save refused it after the computation, even with pickle=True.
+    # A memmap (np.load(..., mmap_mode="r") sliced) is an array whose bytes say all it is:
+    # stored, it comes back as the plain array it holds.
     cls = _loaded("numpy", "ndarray")
-    return cls is not None and type(value) is cls and not value.dtype.hasobject
+    return (cls is not None and type(value) in (cls, _loaded("numpy", "memmap"))
+            and not value.dtype.hasobject)
 
 
 def _npy_dumps(value: Any) -> bytes:
