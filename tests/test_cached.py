@@ -1402,3 +1402,26 @@ def test_a_memory_mapped_result_is_stored_as_the_array_it_is(local: Store,
     assert type(got) is np.ndarray and np.array_equal(got, data[:10])
     assert np.array_equal(head(10), data[:10])  # the hit
     assert "value.npy" in _value_keys(head.entry(10))
+
+
+@pytest.mark.parametrize("cells", [[[1, 2], [3]], [(1, 2), (3, 4)]], ids=["lists", "tuples"])
+def test_a_frame_whose_cells_parquet_would_change_is_refused(local: Store,
+                                                            cells: list[Any]) -> None:
+    """A tokenizer's frame with a column of token lists came back, on the first call and
+    every hit, with NumPy arrays in their place (tuples too): ``tokens + [eos]`` then
+    added elementwise instead of appending, without a word. Refused like a tuple result,
+    naming the column; with pickle=True it is pickled and comes back as it went in."""
+    pd = pytest.importorskip("pandas")
+
+    def frame() -> Any:
+        return pd.DataFrame({"id": [1, 2], "tokens": cells})
+
+    f = durable.cached(local.root)(frame)
+    with pytest.raises(TypeError, match=r"column 'tokens' holds Python (lists|tuples).*"
+                                        r"NumPy arrays.*pickle=True"):
+        f()
+    assert f.state() is State.ABSENT
+    p = durable.cached(local.root, pickle=True)(frame)
+    got = p()
+    assert got["tokens"].tolist() == cells
+    assert "value.pkl" in _value_keys(p.entry())

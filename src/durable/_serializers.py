@@ -202,7 +202,21 @@ def _npy_loads(data: bytes | bytearray) -> Any:
 
 def _is_frame(value: Any) -> bool:
     cls = _loaded("pandas", "DataFrame")  # exactly: a subclass would come back as a frame
-    return cls is not None and type(value) is cls
+    return cls is not None and type(value) is cls and _parquet_changes(value) is None
+
+
+def _parquet_changes(frame: Any) -> str | None:
+    """What of ``frame`` parquet would bring back as something else, naming the column;
+    None if nothing. Cells that are lists or tuples come back as NumPy arrays: a column of
+    token lists then took ``tokens + [eos]`` for an elementwise sum, without a word."""
+    for name, column in frame.items():
+        if column.dtype != object:
+            continue
+        for cell in column:
+            if type(cell) in (list, tuple):
+                return (f"its column {name!r} holds Python {type(cell).__name__}s, which "
+                        "parquet brings back as NumPy arrays")
+    return None
 
 
 def _parquet_dumps(value: Any) -> bytes:
@@ -373,6 +387,8 @@ def choose(value: Any, *, name: str | None, allow_pickle: bool) -> Serializer:
             return ser
     # A list or dict that is almost JSON: the element in the way, not only the container.
     inside = f" ({_not_json(value)})" if type(value) in (list, dict) else ""
+    if _loaded("pandas", "DataFrame") is type(value):
+        inside = f" ({_parquet_changes(value)})"
     if _loaded("numpy", "ndarray") is type(value) and value.dtype.hasobject:
         # "return ... a NumPy array" alone reads as a contradiction for one.
         inside = f" (its dtype {value.dtype} holds Python objects, which only pickle stores)"
