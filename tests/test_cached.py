@@ -28,7 +28,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import _cached_child
 import durable
-import durable._entry
+import durable._nesting
 from _cached_child import Child, cached_compute, computations
 from conftest import forkserver
 from durable import (
@@ -913,7 +913,7 @@ def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProx
     store, proxy = proxied
     # The look for a committed entry above is skipped in a folder seen clear in the last
     # seconds: long enough here that the second miss below never depends on the clock.
-    monkeypatch.setattr(durable._entry, "_CLEAR_FOR", 600.0)
+    monkeypatch.setattr(durable._nesting, "_CLEAR_FOR", 600.0)
     calls: list[int] = []
 
     def small(x: int) -> Any:
@@ -925,7 +925,7 @@ def test_requests_of_a_miss_and_a_hit_are_pinned(proxied: tuple[Store, FaultProx
     f(0)  # the first miss of a process probes the endpoint (create-only, If-Match): apart
     entry = f.entry(1)
 
-    durable._entry._SEEN_CLEAR.clear()  # a folder not written in the last seconds
+    durable._nesting._SEEN_CLEAR.clear()  # a folder not written in the last seconds
     proxy.clear_requests()
     f(1)
     miss = _request_kinds(proxy.requests, entry)

@@ -18,7 +18,7 @@ import fsspec
 import pytest
 
 import durable
-import durable._entry
+import durable._nesting
 from durable import Entry, IncompleteError, IntegrityError, MarkerError, State
 from durable._checksum import crc32c, crc_to_hex
 from durable._ops import apply_clean, mark_complete_root, plan_clean, verify_root
@@ -433,7 +433,7 @@ def test_a_durable_fs_write_is_one_put_carrying_its_record(
         path = f"{s3_bucket.name}/d/obj.bin"
         fs.pipe_file(path, b"first")
         data = os.urandom(4096)
-        durable._entry._SEEN_CLEAR.clear()  # "d" not written in the last seconds
+        durable._nesting._SEEN_CLEAR.clear()  # "d" not written in the last seconds
         proxy.clear_requests()
         with fs.open(path, "wb") as f:
             f.write(data)

@@ -5,7 +5,8 @@ The public namespace is flat and explicit (``__all__``); everything else is priv
 
 from durable._atomic import atomic_write
 from durable._cached import cached
-from durable._entry import Entry, EntryWriter, Problem, Status, VerifyReport
+from durable._checks import Problem, Status, VerifyReport
+from durable._entry import Entry
 from durable._errors import (
     AlreadyCompleteError,
     DurableError,
@@ -22,6 +23,7 @@ from durable._protocol import Manifest, Marker, ObjectRecord, State
 from durable._serializers import register_serializer
 from durable._verified import open_verified, read_verified
 from durable._version import __version__
+from durable._writer import EntryWriter
 
 __all__ = [
     "AlreadyCompleteError",

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
-from durable._entry import refuse_inside_committed
 from durable._errors import EntryExistsError, IntegrityError, MarkerError
+from durable._nesting import refuse_inside_committed
 from durable._protocol import (
     MAX_MARKER_BYTES,
     Layout,

@@ -26,20 +26,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from durable._entry import (
-    OPENED_FIRST,
-    Entry,
-    Problem,
-    VerifyReport,
-    deep_problem,
-    delete_tree,
-)
+from durable._checks import Problem, VerifyReport, deep_problem
+from durable._entry import Entry
 from durable._errors import (
     AlreadyCompleteError,
     DurableError,
     IncompleteError,
     IncompleteExistsError,
 )
+from durable._nesting import OPENED_FIRST, delete_tree
 from durable._protocol import (
     LEASE_NAME,
     MARKER_NAME,

@@ -24,8 +24,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from durable._entry import Entry, levels
+from durable._entry import Entry
 from durable._errors import IntegrityError
+from durable._nesting import levels
 from durable._protocol import MARKER_NAME, RECORDS_DIR, Marker
 from durable._verified import Recorded, own_record
 from durable.adapters import Adapter, ObjectInfo

@@ -20,7 +20,7 @@ from fsspec.spec import AbstractFileSystem
 from durable._errors import UnsupportedError
 
 if TYPE_CHECKING:
-    from durable._entry import EntryWriter
+    from durable._writer import EntryWriter
 
 __all__ = ["GrowingBuffer", "RecordingFileSystem", "TextAtomicWriter", "stay_put"]
 

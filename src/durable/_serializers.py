@@ -39,9 +39,10 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from durable._checksum import crc32c, crc_to_hex
-from durable._entry import Entry, EntryWriter
+from durable._entry import Entry
 from durable._errors import IntegrityError, MarkerError, UnsupportedError
 from durable._protocol import Manifest, ObjectRecord
+from durable._writer import EntryWriter
 from durable.adapters import Adapter
 
 __all__ = ["Serializer", "choose", "load_value", "register_serializer"]

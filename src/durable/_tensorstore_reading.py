@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 import tensorstore as ts
 
+from durable._checks import Problem
 from durable._checksum import crc32c
-from durable._entry import Entry, Problem
+from durable._entry import Entry
 from durable._errors import IncompleteError, IntegrityError, MarkerError
 from durable._protocol import MAX_MARKER_BYTES, Marker, State
 from durable._tensorstore_codecs import (

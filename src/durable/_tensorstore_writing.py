@@ -17,7 +17,7 @@ from typing import Any
 import tensorstore as ts
 
 from durable._checksum import crc32c
-from durable._entry import Entry, EntryWriter
+from durable._entry import Entry
 from durable._errors import IntegrityError
 from durable._lease import Lease
 from durable._protocol import ObjectRecord
@@ -38,6 +38,7 @@ from durable._tensorstore_kv import (
     etag_error,
     probe,
 )
+from durable._writer import EntryWriter
 from durable.adapters.base import ObjectInfo
 
 log = logging.getLogger("durable.tensorstore")  # the public module's name, as before

@@ -20,9 +20,9 @@ from typing import Any, BinaryIO, NoReturn
 
 from durable._checksum import Checksum, crc_to_hex
 from durable._checksum import crc32c as crc32c_of
-from durable._entry import levels, nearest_marked
 from durable._error_document import ERROR_DOC_LIMIT, error_document, refuse_error_document
 from durable._errors import IncompleteError, IntegrityError
+from durable._nesting import levels, nearest_marked
 from durable._protocol import Layout, Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters._ranged import seek_position

@@ -50,10 +50,11 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore, WrapperStore
 
 from durable._checksum import crc32c
-from durable._entry import Entry, EntryWriter
+from durable._entry import Entry
 from durable._errors import AlreadyCompleteError
 from durable._fragments import FragmentRecorder
 from durable._protocol import MARKER_NAME, ObjectRecord
+from durable._writer import EntryWriter
 from durable._zarr_reading import get_whole, inner_store
 from durable._zarr_staged import Staged, put, tag
 from durable.adapters import ObjectInfo

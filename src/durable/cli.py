@@ -134,8 +134,10 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from durable._entry import Entry, Status, VerifyReport, nearest_marked
+from durable._checks import Status, VerifyReport
+from durable._entry import Entry
 from durable._errors import DurableError, IncompleteError
+from durable._nesting import nearest_marked
 from durable._ops import (
     TRUST,
     AdoptReport,

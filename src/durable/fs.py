@@ -77,8 +77,9 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import isfilelike, stringify_path
 
 from durable._atomic import publish
-from durable._entry import Entry, refuse_inside_committed, refuse_leased, remove_records
+from durable._entry import Entry
 from durable._errors import IntegrityError, UnsupportedError
+from durable._nesting import refuse_inside_committed, refuse_leased, remove_records
 from durable._protocol import LEASE_NAME, RECORDS_DIR, Layout, Marker
 from durable._record_cache import RecordCache
 from durable._recording import TextAtomicWriter, stay_put

@@ -28,7 +28,7 @@ takes over) that fast.
 
 The window of a conditional replace: between its check and its rename, only a writer that
 takes no lock can act. Every removal of a lease durable makes takes the lock
-(`durable._entry.remove_records`, clean), and leases are created only create-only (link(2)
+(`durable._nesting.remove_records`, clean), and leases are created only create-only (link(2)
 fails while one is there), so no writer of durable's falls in it. A writer that takes no
 lock does: a lease removed by another tool (``rm``) in it is put back by the rename, its
 holder going on as if nothing happened; one put there by a plain write is overwritten.

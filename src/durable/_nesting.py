@@ -1,0 +1,175 @@
+"""Entries inside and above entries, and removing a tree of them.
+
+Where a path lies in the tree of folders: the entry committed above it (`committed_above`,
+`refuse_inside_committed`: writing there would change data that entry's marker vouches
+for), the nearest marked entry at or above it (`nearest_marked`, over `levels`). Removing:
+the documents readers open first before the rest (`delete_tree`), an entry's records under
+its lease's lock (`remove_records`), never under a live lease (`refuse_leased`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from durable._checks import WORKERS
+from durable._errors import EntryExistsError, MarkerError
+from durable._protocol import RECORDS_DIR, Layout, Marker
+from durable.adapters import Adapter
+
+if TYPE_CHECKING:
+    from durable._entry import Entry
+
+__all__ = ["OPENED_FIRST", "committed_above", "delete_tree", "forget_clear", "levels",
+           "nearest_marked", "refuse_inside_committed", "refuse_leased", "remove_records"]
+
+
+#: Documents a reader opens before any other object of a tree: zarr v3's and v2's (which
+#: tensorstore and xarray read too). A removal takes them first, so one killed part-way
+#: leaves a tree no plain reader opens, never an array whose missing chunks read as fill
+#: values (incident 001).
+OPENED_FIRST = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+
+
+def delete_tree(adapter: Adapter, path: str, keys: list[str] | None = None) -> None:
+    """Remove every object below ``path``: first those named in `OPENED_FIRST`, found
+    among ``keys`` (relative to ``path``: a manifest's, where one was read) or by a
+    listing, in one request where the store deletes in batches; then the rest."""
+    if keys is None:
+        keys = list(adapter.list(path))
+    # Never through a link (a symlink, on a local disk): a manifest's keys were checked as
+    # strings only, so a directory of the entry swapped for a symlink would take
+    # "link/zarr.json" to a file outside the entry, and an entry that is itself a symlink
+    # lists (and would lose) the documents of the tree it points to. Those are left to
+    # `delete_prefix`, which removes the link and never what lies behind it.
+    first = [f"{path}/{k}" for k in keys if k.rpartition("/")[2] in OPENED_FIRST
+             and not adapter.through_link(path, k)]
+    if first:
+        adapter.delete(first)
+    adapter.delete_prefix(path)
+
+
+def committed_above(adapter: Adapter, path: str) -> Entry | None:
+    """The nearest entry strictly above ``path`` committed as a directory or prefix (a
+    marker of kind "prefix"), whose data ``path`` is part of; None if there is none up to
+    the root. Single-object entries on the way (a recorded object of such an entry) are
+    passed over. MarkerError for a marker on the way, before any such entry, that cannot
+    be trusted. On a store across a network every level is asked at once: one round trip
+    (a write pays it before its first byte), not one per level."""
+    from durable._entry import Entry  # (_entry imports this module)
+
+    above = [Entry(root, adapter=adapter) for root, _ in levels(path)][1:]
+
+    def read(entry: Entry) -> Marker | MarkerError | None:
+        try:
+            return entry._read_sidecar()
+        except MarkerError as exc:
+            return exc
+
+    found: Iterable[Marker | MarkerError | None] = map(read, above)  # lazy: nearest first
+    if len(above) > 1 and not adapter.capabilities.in_process:
+        with ThreadPoolExecutor(min(len(above), WORKERS)) as pool:
+            found = list(pool.map(read, above))
+    for entry, marker in zip(above, found, strict=True):
+        if isinstance(marker, MarkerError):
+            raise marker
+        if marker is not None and marker.kind == "prefix":
+            return entry
+    return None
+
+
+#: On a store across a network: folders found with no committed entry above them ->
+#: (their filesystem, when, monotonic). A write into a folder seen clear within
+#: `_CLEAR_FOR` seconds asks the store nothing (a loop writing many small objects into one
+#: folder paid a round trip before each: 1.5 times a 1 MiB PutObject on moto). A commit
+#: by this process forgets the folders it makes part of an entry (`forget_clear`), so
+#: writing into one is refused at once; an entry committed by another process within
+#: those seconds is seen after them (as one committed between any look and the write it
+#: guards always was).
+_SEEN_CLEAR: dict[tuple[int, str], tuple[object, float]] = {}
+_CLEAR_FOR = 2.0
+_SEEN_CLEAR_MAX = 4096
+
+
+def forget_clear(entry_path: str) -> None:
+    """Folders seen clear that the entry at ``entry_path``, just committed, holds."""
+    inside = entry_path.rstrip("/") + "/"
+    for key in [k for k in list(_SEEN_CLEAR) if f"{k[1]}/".startswith(inside)]:
+        _SEEN_CLEAR.pop(key, None)
+
+
+def refuse_inside_committed(adapter: Adapter, path: str, doing: str) -> None:
+    """EntryExistsError, naming both, if ``path`` lies inside a committed entry: ``doing``
+    (writing, removing) there would change data its marker still vouches for, and the
+    entry would say COMPLETE over other bytes, or over objects gone."""
+    remote = not adapter.capabilities.in_process
+    folder = (id(adapter.fs), path.rstrip("/").rpartition("/")[0])
+    seen = _SEEN_CLEAR.get(folder) if remote else None
+    if seen is not None and seen[0] is adapter.fs and time.monotonic() - seen[1] < _CLEAR_FOR:
+        return
+    holder = committed_above(adapter, path)
+    if holder is None:
+        if remote:
+            if len(_SEEN_CLEAR) >= _SEEN_CLEAR_MAX:
+                _SEEN_CLEAR.clear()
+            _SEEN_CLEAR[folder] = (adapter.fs, time.monotonic())
+        return
+    url = adapter.url(path.rstrip("/"))
+    raise EntryExistsError(
+        f"{url}: {doing} refused: it lies inside the committed entry {holder.url}, whose "
+        "marker still vouches for what it holds (it would stay COMPLETE over other data). "
+        f"Change that entry with durable.Entry({holder.url!r}).writing(update=True), "
+        "rewrite it with overwrite=True, or delete it first", url=url)
+
+
+def refuse_leased(entry: Entry, doing: str, force_with: str) -> None:
+    """IncompleteExistsError naming ``entry``, the holder of its lease and when it expires,
+    if another writer holds that lease live: ``doing`` (deleting, removing) would take the
+    lease from under it, and its writes under way would land in a removed entry, or in the
+    next writer's. ``force_with``: how the caller removes it anyway. An expired lease is
+    removed (`durable._lease.refuse_live_lease`)."""
+    from durable._lease import refuse_live_lease  # (_lease imports _entry, which imports this)
+
+    refuse_live_lease(entry, doing, hint=(
+        f"Wait for that writer to commit or for its lease to expire, or {force_with} to "
+        "remove it anyway (its writer then never commits)"))
+
+
+def remove_records(adapter: Adapter, layout: Layout) -> None:
+    """Remove an entry's records directory under the lock every renewal of its lease
+    takes (`Adapter.exclusive`: on a local disk, for its version check and its rename).
+    Taken between the two, the removal was lost: the rename put the lease back and its
+    holder went on, held, into a removed entry (or the renewal failed on its vanished temp
+    file, an OSError, not "lease lost"). Taken even with no lease there: on a local disk
+    its release removes the lock's sidecar with the records (a committed entry's, left
+    by its commit, outlived the entry)."""
+    with adapter.exclusive(layout.lease):
+        adapter.delete_prefix(layout.records)
+
+
+def levels(path: str) -> Iterator[tuple[str, str]]:
+    """(entry path, ``path``'s key in it) for ``path`` and each folder above it, nearest
+    first: where a marker could make an entry of it. Not the bucket (or file system root)
+    itself, and never a records directory."""
+    root, key = path.rstrip("/"), ""
+    while "/" in root.strip("/") and root.rpartition("/")[2] != RECORDS_DIR:
+        yield root, key
+        root, _, name = root.rpartition("/")
+        key = f"{name}/{key}" if key else name
+
+
+def nearest_marked(adapter: Adapter, path: str) -> tuple[Entry, Marker, str] | None:
+    """The nearest entry at or above ``path`` with a commit marker beside it, that marker,
+    and ``path``'s key inside the entry ("" for the entry itself); None if there is none
+    up to the bucket or the file system's root (one marker read per level: no limit, since
+    writers take keys of any depth). MarkerError for a marker that cannot be trusted."""
+    from durable._entry import Entry  # (_entry imports this module)
+
+    for root, key in levels(path):
+        entry = Entry(root, adapter=adapter)
+        marker = entry._read_sidecar()
+        if marker is not None:
+            return entry, marker, key
+    return None
