@@ -466,3 +466,31 @@ def test_objects_below_the_markers_name_are_an_error_never_unfinished(
 def test_an_attempt_record_made_a_directory_is_named_alike_everywhere(
         store: Store, with_data: bool) -> None:
     check_attempt_record_made_a_directory(store, with_data)
+
+
+@pytest.mark.parametrize("bucket", ["s3_bucket", "azure_container"])
+def test_an_upload_alone_under_the_root_is_found_and_aborted(
+        bucket: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first checkpoint of a run, its writer killed mid-upload: nothing under the root
+    but the upload's parts (invisible to listings, billed until aborted). scan and clean
+    answered "no such directory or prefix" (exit 1) before they looked for uploads, so
+    the parts stayed for good."""
+    from durable.cli import ENV_OPTIONS
+
+    monkeypatch.delenv(ENV_OPTIONS, raising=False)
+    store = _KINDS[bucket](request.getfixturevalue(bucket))
+    kill_uploader(store, "model.bin")
+    assert store.names() == []
+
+    def uploads() -> list[str]:
+        if isinstance(store, AzureStore):
+            return store.uncommitted()
+        listed = store.client.list_multipart_uploads(Bucket=store.bucket.name, Prefix="root/")
+        return [u["Key"] for u in listed.get("Uploads", [])]
+
+    assert uploads() in (["root/model.bin"], ["model.bin"])
+    code, doc = run(store, "scan", store.url())
+    assert code == 0 and doc["entries"] == []
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    assert (code, mark(doc["items"])) == (0, [("upload", "model.bin", "removed")])
+    assert uploads() == []

@@ -7,6 +7,7 @@ test computes itself, with the `crc32c` package, over the files as they are in t
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -766,3 +767,64 @@ def test_an_empty_url_is_refused(tmp_path: os.PathLike[str]) -> None:
 
     with pytest.raises(ValueError, match="an empty URL names no object"):
         atomic_write("").__enter__()
+
+
+def test_a_file_dropped_unclosed_in_the_block_refuses_the_commit(place: Place) -> None:
+    """``np.save(w.fs.open(path, "wb"), array)``: the file, never closed, is dropped as the
+    statement ends, and its finalizer publishes nothing (never from the garbage
+    collector). The commit then went on without it: the entry was COMPLETE with the shard
+    missing from its data and its manifest, and the writer was told nothing. Refused,
+    naming the object; nothing of the entry is left."""
+    e = Entry(place.url("ckpt"))
+    with pytest.raises(IntegrityError,
+                       match=r"dropped without close\(\), so never published: .*ckpt/shard-0"), \
+            e.writing() as w:
+        w.write_bytes("index.json", b'{"shards": 1}')
+        w.fs.open(f"{w.path}/shard-0.bin", "wb").write(b"weights")  # never closed
+        gc.collect()  # where reference counting did not drop it already
+    assert e.state() is State.ABSENT
+    assert not [k for k in place.files() if k.startswith("ckpt/")]
+
+
+def test_a_writer_over_data_written_without_durable_is_told_how_to_adopt_it(
+        place: Place) -> None:
+    """A checkpoint folder saved before durable (no records at all): the refusal said
+    "a killed writer's leftover ... Resolve it with Entry.delete() or `durable clean`",
+    and `durable clean` leaves data with no durable records alone (it removed nothing).
+    It says what the data is and how to adopt it or start over."""
+    place.write("legacy/model.npy", b"weights")
+    with pytest.raises(IncompleteExistsError) as info, \
+            Entry(place.url("legacy")).writing() as w:
+        w.write_bytes("more.npy", b"x")
+    text = str(info.value)
+    assert "no durable records" in text and "mark_complete()" in text
+    assert "overwrite=True" in text and "durable clean" not in text
+    assert place.files() == {"legacy/model.npy": b"weights"}
+
+
+def test_a_file_dropped_then_written_again_commits_what_was_written_after(
+        place: Place) -> None:
+    """A download retried by hand: the failed try's file dropped unclosed, the next one
+    written whole. The object is in the entry as the later file wrote it: nothing was
+    lost, so the commit goes on. A rewrite dropped after an earlier write of the same
+    object was lost, and still refuses it."""
+    e = Entry(place.url("ckpt"))
+    with e.writing() as w:
+        for attempt in range(2):
+            f = w.fs.open(f"{w.path}/weights.bin", "wb")
+            f.write(b"partial" if attempt == 0 else b"whole weights")
+            if attempt == 0:
+                del f  # the try failed: its file dropped, unclosed
+                gc.collect()
+                continue
+            f.close()
+    assert e.state() is State.COMPLETE
+    assert read_verified(place.url("ckpt", "weights.bin")) == b"whole weights"
+
+    e2 = Entry(place.url("ckpt2"))
+    with pytest.raises(IntegrityError, match=r"dropped without close\(\).*ckpt2/a"), \
+            e2.writing() as w:
+        w.write_bytes("a", b"first")
+        w.fs.open(f"{w.path}/a", "wb").write(b"second, lost")
+        gc.collect()
+    assert e2.state() is State.ABSENT

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durable._checksum import Checksum, crc_to_hex
+from durable._error_document import ERROR_DOC_LIMIT, error_document
 from durable._errors import DurableError, IntegrityError, MarkerError
 from durable._protocol import Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo
@@ -88,13 +89,28 @@ class VerifyReport:
         return not self.problems
 
 
-def read_object_record(adapter: Adapter, path: str, info: ObjectInfo) -> ObjectRecord:
+def read_object_record(adapter: Adapter, path: str, info: ObjectInfo, *,
+                       adopting: bool = False) -> ObjectRecord:
     """Stream one object through CRC32C, pinned to the version ``info`` names: its record
-    (with the tail, where its CRC32C is the residue)."""
+    (with the tail, where its CRC32C is the residue). ``adopting``: the record will make
+    the object trusted, so one that is an object store's error document is refused."""
     ck = Checksum()
+    small = bytearray() if adopting and info.size <= ERROR_DOC_LIMIT else None
     with adapter.open_read(path, info) as f:
         while block := f.read(_READ_BLOCK):
             ck.update(block)
+            if small is not None and len(small) <= ERROR_DOC_LIMIT:
+                small += block
+    found = None if small is None else error_document(small)
+    if found is not None:
+        # Incident 003: a 403's body saved as the file. Unrecorded, every read refuses
+        # it; recorded, it would be read back as the data from then on.
+        url = adapter.url(path)
+        raise IntegrityError(
+            f"{url}: the object is an object store's error document with code {found[0]} "
+            f"({found[1][:200]!r}), stored in the data's place (a download that saved an "
+            "error page); not adopted: fetch the object again, or remove it",
+            url=url, expected="the object's bytes", found=f"an error document ({found[0]})")
     return ObjectRecord.of(ck.size, ck.crc, ck.ending)
 
 
@@ -119,9 +135,11 @@ def deep_problem(adapter: Adapter, key: str, info: ObjectInfo,
 
 def checksum_all(adapter: Adapter, listing: dict[str, ObjectInfo],
                   workers: int) -> dict[str, ObjectRecord]:
+    """Records for objects no writer recorded, read whole: what an adoption (a commit's,
+    `mark_complete`'s) will vouch for from now on."""
     def one(item: tuple[str, ObjectInfo]) -> tuple[str, ObjectRecord]:
         key, info = item
-        rec = read_object_record(adapter, info.path, info)
+        rec = read_object_record(adapter, info.path, info, adopting=True)
         if rec.size != info.size:
             raise IntegrityError(
                 f"{adapter.url(info.path)}: listed with {info.size} bytes, read {rec.size}",

@@ -237,6 +237,16 @@ def _check_and_clear(entry: Entry, keep_lease: bool, *, overwrite: bool, resume:
                         f"{entry.url} is INCOMPLETE: {expired}: a killed or stopped "
                         "writer's leftover. Pass overwrite=True or resume=True to take "
                         "it over", url=entry.url)
+            mine = {f"attempts/{own_attempt}.json"}
+            if not st.racing and not set(entry.adapter.list(entry.layout.records)) - mine:
+                # `durable clean` leaves data with no durable records alone: sent there,
+                # the user found nothing removed and no way on.
+                raise IncompleteExistsError(
+                    f"{entry.url} is INCOMPLETE: data with no durable records and no commit "
+                    "marker, written without durable (or by a tool that leaves no records). "
+                    "If it is whole, adopt it with Entry.mark_complete() (`durable "
+                    "mark-complete`); else start over with overwrite=True, or finish it "
+                    "with resume=True", url=entry.url)
             raise (_RacedStart if st.racing else IncompleteExistsError)(
                 f"{entry.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "
                 "a writer still at work. Resolve it with Entry.delete() or "

@@ -379,7 +379,7 @@ def survey(adapter: Adapter, path: str, *,
     """One listing of the root ``path`` (and of the root's own records): the entries in it.
 
     ``listing``: ``adapter.list(path)`` if the caller has just made it. FileNotFoundError
-    if nothing exists at ``path``.
+    if nothing exists at ``path`` (no object, no folder, no unfinished upload).
     """
     path = path.rstrip("/") or path
     if listing is None:
@@ -395,7 +395,9 @@ def survey(adapter: Adapter, path: str, *,
             # The root is a single-object entry: its one object is the root itself.
             single = adapter.info(path)
             listing = {"": single} if single is not None else {}
-    elif not listing and not adapter.exists(path):
+    elif not listing and not adapter.exists(path) and not adapter.list_uploads(path):
+        # Uploads are looked for first: a writer killed mid-upload, alone under the root
+        # (a run's first checkpoint), left parts no listing shows, billed until aborted.
         raise FileNotFoundError(f"{adapter.url(path)}: no such directory or prefix")
 
     temps = {}

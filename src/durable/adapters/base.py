@@ -122,6 +122,8 @@ class AtomicFile(io.RawIOBase):
         self.checksum = Checksum()
         self.info: ObjectInfo | None = None
         self.on_commit: Callable[[AtomicFile], None] | None = None
+        #: Called once the garbage collector aborted the file (dropped without close()).
+        self.on_drop: Callable[[AtomicFile], None] | None = None
         #: Durable record fields for the object's own metadata, given to `commit`.
         self.record: Mapping[str, str] | None = None
         self._done = False
@@ -207,6 +209,8 @@ class AtomicFile(io.RawIOBase):
         # writer that died part-way (s3fs commits in that case; we do not).
         if not getattr(self, "_done", True):
             self.abort()
+            if self.on_drop is not None:
+                self.on_drop(self)
 
     def __enter__(self) -> AtomicFile:
         return self

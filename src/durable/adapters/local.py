@@ -400,7 +400,13 @@ class _LocalAtomicFile(AtomicFile):
         assert self._fd is not None
         self._prepared = False  # bytes after the fsync: `_commit` fsyncs again
         while data:
-            n = os.write(self._fd, data)
+            try:
+                n = os.write(self._fd, data)
+            except OSError as exc:
+                # ENOSPC, EFBIG, EIO: "[Errno 28] No space left on device" named nothing,
+                # in a loop writing many files. Final for this write (aborted by the caller).
+                raise OSError(exc.errno, f"{exc.strerror} (after {self._written} bytes "
+                              "written; not published)", self.path) from exc
             data = data[n:]
             self._written += n
         if self._writeback is not None and self._written - self._started >= _WRITEBACK_EVERY:
