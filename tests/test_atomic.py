@@ -434,3 +434,33 @@ def test_a_folder_committed_here_is_refused_at_once_on_s3(s3_bucket: Bucket) -> 
     outer.mark_complete()
     _refused_inside(s3_bucket.path("run", "ds", "b"), outer, so)
     assert outer.verify(deep=True).ok
+
+
+_FULL_DISK = """
+import os, resource, signal, sys
+import durable
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+try:
+    with durable.atomic_write(sys.argv[1]) as f:
+        f.write(b"w" * (4 << 20))
+except OSError as exc:
+    print(type(exc).__name__, exc.errno, exc.filename, "|", exc)
+"""
+
+
+def test_a_disk_refusing_the_bytes_is_an_error_naming_the_object(tmp_path: Path) -> None:
+    """A checkpoint written to a disk that runs out of room (here a file size limit: the
+    kernel refuses the write as it refuses one to a full disk): "[Errno 27] File too
+    large" or "[Errno 28] No space left on device", naming nothing, from a training loop
+    writing many files. It names the object, and nothing is left behind."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "ckpt" / "model.npy"
+    out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(target)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert out.startswith("OSError 27 ") and str(target) in out, out
+    assert "not published" in out
+    assert os.listdir(tmp_path / "ckpt") == []

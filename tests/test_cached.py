@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import re
@@ -38,6 +39,7 @@ from durable import (
     State,
     UnsupportedError,
 )
+from durable._serializers import load_value
 from durable.adapters.local import LOCK_SUFFIX
 from durable.testing import faults
 from durable.testing.faults import FaultProxy, RequestRecord
@@ -506,7 +508,33 @@ def test_a_script_and_its_spawned_workers_share_one_entry(tmp_path: Path) -> Non
     assert "b'tokens-1'" in out
     assert (root / "computed.log").read_text().split() == ["1"]
     assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != ".durable") \
-        == ["__main__.tokenize"]
+        == ["job.py.tokenize"]
+
+
+def test_two_scripts_functions_of_one_name_never_share_entries(tmp_path: Path) -> None:
+    """Every script's module is __main__: prep_v1.py's and prep_v2.py's ``tokenize``, both
+    cached under one root, were both ``__main__.tokenize``, and the second script got the
+    first one's results. A script's functions are named after its file (``prep_v1.py``);
+    one run with ``python -m`` after its module's name, as when imported."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    outs = []
+    for version in ("v1", "v2"):
+        script = tmp_path / f"prep_{version}.py"
+        script.write_text(_SCRIPT.replace('b"tokens-%d"', f'b"{version}-tokens-%d"'))
+        outs.append(subprocess.run([sys.executable, str(script), str(root)],
+                                   capture_output=True, text=True, timeout=120,
+                                   check=True).stdout)
+    assert "b'v1-tokens-1'" in outs[0] and "b'v2-tokens-1'" in outs[1]
+    assert (root / "computed.log").read_text().split() == ["1", "1"]
+    module = subprocess.run([sys.executable, "-m", "prep_v2", str(root)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "b'v2-tokens-1'" in module
+    assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != ".durable") \
+        == ["prep_v1.py.tokenize", "prep_v2.py.tokenize", "prep_v2.tokenize"]
 
 
 _SCRIPT_TYPES = """
@@ -1210,3 +1238,190 @@ def test_numpy_times_in_any_unit_never_share_a_key_with_another_instant(local: S
     day, minute = np.datetime64("2020-01-01", "D"), np.datetime64("2020-01-01T00:00", "m")
     assert day == minute and f.entry(day).url != f.entry(minute).url
     assert f.entry(day).url != f.entry(np.array(day)).url
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_array_subclass_arguments_never_share_a_plain_arrays_entry(local: Store) -> None:
+    """An argument that is an ndarray subclass was keyed by its dtype, shape and bytes
+    alone: a masked array shared the entry of the plain array of its filled values (their
+    sums differ), np.matrix that of the array (``a ** 2`` differs), and each call returned
+    the other's result. Such an argument is a TypeError asking for key=; a memory-mapped
+    array (np.load(..., mmap_mode="r")) is what its bytes say, and keys as the array."""
+    @durable.cached(local.root)
+    def total(a: np.ndarray) -> float:
+        return float(a.sum())
+
+    plain = np.array([1, 999999, 3])
+    masked = np.ma.masked_array([1, 2, 3], mask=[False, True, False])
+    assert masked.tobytes() == plain.tobytes()  # the mask was all that set them apart
+    assert total(plain) == 1000003.0
+    with pytest.raises(TypeError, match=r"argument 'a'.*numpy\.ma.*MaskedArray.*key="):
+        total(masked)
+    with pytest.raises(TypeError, match=r"argument 'a'.*numpy.*matrix.*key="):
+        total(np.matrix([[1, 2], [3, 4]]))
+    assert total.state(np.arange(2)) is State.ABSENT  # nothing was computed for them
+
+    path = Path(local.root).parent / "plain.npy"
+    np.save(path, plain)
+    mapped = np.load(path, mmap_mode="r")
+    assert type(mapped) is np.memmap
+    assert total.entry(mapped).url == total.entry(plain).url
+    assert total(mapped) == 1000003.0
+
+
+def test_versions_that_share_a_folder_name_never_share_a_key(local: Store) -> None:
+    """The folder of a version is its text made safe for a path (cut at 96 characters,
+    punctuation as "_", dots stripped from its ends), and the key was hashed from that
+    folder name: a version naming a model and its config past 96 characters, "1,0" and
+    "1_0", "1." and "1" shared entries, and a bumped version returned the old results."""
+    def make(version: str) -> Any:
+        @durable.cached(local.root, version=version)
+        def tag(x: int) -> str:
+            return version
+
+        return tag
+
+    pairs = [("resnet50-" + "a" * 90 + "-lr=0.1", "resnet50-" + "a" * 90 + "-lr=0.2"),
+             ("1,0", "1_0"), ("1.", "1"), ("v/2", "v_2")]
+    for old, new in pairs:
+        assert make(old)(1) == old
+        assert make(new)(1) == new, (old, new)
+    dotted = make("1.")
+    assert json.loads(Path(dotted.entry(1).path, "key.json").read_bytes())["version"] == "1."
+    # A version that is its own folder name keys as it always did (the hash of the
+    # function's name, the version and the arguments): existing entries still hit.
+    plain = make("7")
+    function = f"{__name__}.{test_versions_that_share_a_folder_name_never_share_a_key.__name__}"
+    recipe = json.dumps([f"{function}.<locals>.make.<locals>.tag", "7", {"x": 1}],
+                        sort_keys=True, separators=(",", ":")).encode()
+    assert plain.entry(1).url.endswith(f"/v7/x=1-{hashlib.sha256(recipe).hexdigest()[:16]}")
+
+
+def test_the_helpers_of_a_method_reached_through_an_instance_take_its_instance(
+        local: Store) -> None:
+    """``model.predict.clear(x)``: a bound method hands attribute lookups to the function
+    under it, so the helpers ran without the instance and took ``x`` for ``self``. With a
+    default for the other arguments that was another entry's: clear removed nothing the
+    user meant (the next call returned the result they had cleared), state answered for
+    another call; without one, a TypeError about a lambda's arguments."""
+    computed: list[tuple[str, int, int]] = []
+
+    @dataclass
+    class Model:
+        name: str
+
+        @durable.cached(local.root)
+        def predict(self, x: int, scale: int = 1) -> list[Any]:
+            computed.append((self.name, x, scale))
+            return [self.name, x * scale, len(computed)]
+
+    m = Model("m1")
+    first = m.predict(3)
+    assert m.predict.state(3) is State.COMPLETE
+    assert m.predict.entry(3).url == Model.predict.entry(m, 3).url
+    m.predict.clear(3)
+    assert Model.predict.state(m, 3) is State.ABSENT
+    again = m.predict(3)
+    assert again != first and len(computed) == 2  # computed again, not the cleared result
+    assert m.predict.recompute(3) == ["m1", 3, 3]
+    assert m.predict(3) == ["m1", 3, 3]
+    assert Model("m2").predict.state(3) is State.ABSENT
+    # Still what a bound method is to tools that look: its signature without self, equal
+    # to itself, pickled as the instance and the method's name (a pool's map of it).
+    import inspect
+
+    assert list(inspect.signature(m.predict).parameters) == ["x", "scale"]
+    assert m.predict == m.predict and m.predict != Model("m1").predict
+    assert m.predict.__reduce__() == (getattr, (m, "predict"))
+
+
+def test_async_and_generator_functions_are_refused_when_decorated(local: Store) -> None:
+    """An async function's call returns a coroutine, a generator function's a generator:
+    neither had run when cached tried to store it, and the error came at the first call,
+    as "no serializer stores a builtins.coroutine" (with Python's "never awaited"
+    warning). Refused at decoration, saying what to cache instead."""
+    async def fetch(x: int) -> int:
+        return x
+
+    def shards(n: int) -> Iterator[int]:
+        yield from range(n)
+
+    async def stream(n: int) -> Any:
+        yield n
+
+    for func, what in ((fetch, "an async function"), (shards, "a generator function"),
+                       (stream, "an async generator function")):
+        with pytest.raises(TypeError, match=rf"{func.__name__}.* is {what}"):
+            durable.cached(local.root)(func)
+    assert not Path(local.root).exists()
+
+
+def test_a_hit_this_process_cannot_load_names_its_entry(local: Store) -> None:
+    """A pickled result read by a process without pickle=True, or one whose serializer is
+    not registered there: the error said "this entry holds a pickle" and "no serializer
+    named ... is registered in this process" without saying which entry, in a job that
+    reads thousands."""
+    def f_result() -> Any:
+        return {"ids": (1, 2)}
+
+    durable.cached(local.root, pickle=True)(f_result)()
+    plain = durable.cached(local.root)(f_result)
+    with pytest.raises(UnsupportedError, match="pickle=True") as info:
+        plain()
+    assert plain.entry().url in str(info.value)
+
+    def g_result() -> Any:
+        return b"x"
+
+    writer = durable.cached(local.root)(g_result)
+    writer()
+    entry = writer.entry()
+    marker = entry.read_marker()
+    assert marker is not None and marker.manifest is not None
+    renamed = {("value.elsewhere" if k == "value.bin" else k): r
+               for k, r in marker.manifest.objects.items()}
+    with pytest.raises(UnsupportedError, match=r"no serializer named 'elsewhere'") as info:
+        load_value(entry, durable.Manifest(renamed), allow_pickle=False)
+    assert entry.url in str(info.value)
+
+
+def test_a_memory_mapped_result_is_stored_as_the_array_it_is(local: Store,
+                                                              tmp_path: Path) -> None:
+    """``np.load(path, mmap_mode="r")[:n]`` is an np.memmap, which the npy serializer
+    refused ("no serializer stores a numpy.memmap: return ... a NumPy array"): an array
+    is what it is, and comes back as one."""
+    data = np.arange(1000, dtype=np.float32)
+    np.save(tmp_path / "tokens.npy", data)
+
+    @durable.cached(local.root)
+    def head(n: int) -> np.ndarray:
+        return np.load(tmp_path / "tokens.npy", mmap_mode="r")[:n]
+
+    assert type(head.__wrapped__(10)) is np.memmap
+    got = head(10)
+    assert type(got) is np.ndarray and np.array_equal(got, data[:10])
+    assert np.array_equal(head(10), data[:10])  # the hit
+    assert "value.npy" in _value_keys(head.entry(10))
+
+
+@pytest.mark.parametrize("cells", [[[1, 2], [3]], [(1, 2), (3, 4)]], ids=["lists", "tuples"])
+def test_a_frame_whose_cells_parquet_would_change_is_refused(local: Store,
+                                                            cells: list[Any]) -> None:
+    """A tokenizer's frame with a column of token lists came back, on the first call and
+    every hit, with NumPy arrays in their place (tuples too): ``tokens + [eos]`` then
+    added elementwise instead of appending, without a word. Refused like a tuple result,
+    naming the column; with pickle=True it is pickled and comes back as it went in."""
+    pd = pytest.importorskip("pandas")
+
+    def frame() -> Any:
+        return pd.DataFrame({"id": [1, 2], "tokens": cells})
+
+    f = durable.cached(local.root)(frame)
+    with pytest.raises(TypeError, match=r"column 'tokens' holds Python (lists|tuples).*"
+                                        r"NumPy arrays.*pickle=True"):
+        f()
+    assert f.state() is State.ABSENT
+    p = durable.cached(local.root, pickle=True)(frame)
+    got = p()
+    assert got["tokens"].tolist() == cells
+    assert "value.pkl" in _value_keys(p.entry())

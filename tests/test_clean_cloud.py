@@ -26,7 +26,12 @@ from urllib.parse import quote
 
 import pytest
 
-from test_ops import kill_writers
+from test_ops import (
+    GONE,
+    apply_as_another_cleans,
+    check_attempt_record_made_a_directory,
+    kill_writers,
+)
 
 DAYS = 3 * 86400
 
@@ -270,6 +275,32 @@ def test_clean_removes_a_killed_writers_entry_once_old_by_the_stores_clock(
     assert store.snapshot() == {k: v for k, v in before.items() if k not in dead}
 
 
+def test_two_cleans_at_once_report_a_removal_once(store: Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two cleans of one root, the second removing the entry while the first is between
+    its checks and the removal of the records (no lock on these stores): both said
+    "removed". The records' first object is now deleted on its planned version, which
+    only one clean can do; gcp-storage-emulator enforces no conditional delete (leases
+    are refused there too), so it can still tell no one from the other."""
+    from durable._ops import plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+
+    kill_entry_writer(store, "dead.zarr")
+    wait_for_store_clock(store, store.modified(attempt_record(store, "dead.zarr")) + 2)
+    first, second = (survey(*resolve(store.url(), store.options)) for _ in range(2))
+    if not first.adapter.supports_conditional(first.path + "/.durable/dead.zarr"):
+        assert store.bucket.server.name == "gcp-storage-emulator"
+        pytest.skip("this emulator enforces no conditional delete")
+    plans = [plan_clean(sv, older_than=1, lease_wait=1) for sv in (first, second)]
+    assert [mark([vars(i)]) for i in plans[0].items] == [[("entry", "dead.zarr", "planned")]]
+    apply_as_another_cleans(first, second, plans, monkeypatch)
+    (a,), (b,) = plans[0].items, plans[1].items
+    assert (b.status, b.detail) == ("removed", "")
+    assert (a.status, a.detail) == ("skipped", GONE)
+    assert not [k for k in store.names() if "dead.zarr" in k]
+
+
 def test_neither_this_machines_clock_nor_the_writers_ages_an_entry(store: Store) -> None:
     """A writer whose clock ran three days behind, cleaned from a machine whose clock runs
     three days ahead: by the store's clock the entry is seconds old, and it is kept."""
@@ -429,3 +460,37 @@ def test_objects_below_the_markers_name_are_an_error_never_unfinished(
     assert row["state"] == "ERROR" and f"{where}: no commit marker" in row["reason"], row
     run(store, "clean", store.url(), "--older-than", "0", "--apply")
     assert store.snapshot() == before
+
+
+@pytest.mark.parametrize("with_data", [True, False], ids=["data", "no-data"])
+def test_an_attempt_record_made_a_directory_is_named_alike_everywhere(
+        store: Store, with_data: bool) -> None:
+    check_attempt_record_made_a_directory(store, with_data)
+
+
+@pytest.mark.parametrize("bucket", ["s3_bucket", "azure_container"])
+def test_an_upload_alone_under_the_root_is_found_and_aborted(
+        bucket: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first checkpoint of a run, its writer killed mid-upload: nothing under the root
+    but the upload's parts (invisible to listings, billed until aborted). scan and clean
+    answered "no such directory or prefix" (exit 1) before they looked for uploads, so
+    the parts stayed for good."""
+    from durable.cli import ENV_OPTIONS
+
+    monkeypatch.delenv(ENV_OPTIONS, raising=False)
+    store = _KINDS[bucket](request.getfixturevalue(bucket))
+    kill_uploader(store, "model.bin")
+    assert store.names() == []
+
+    def uploads() -> list[str]:
+        if isinstance(store, AzureStore):
+            return store.uncommitted()
+        listed = store.client.list_multipart_uploads(Bucket=store.bucket.name, Prefix="root/")
+        return [u["Key"] for u in listed.get("Uploads", [])]
+
+    assert uploads() in (["root/model.bin"], ["model.bin"])
+    code, doc = run(store, "scan", store.url())
+    assert code == 0 and doc["entries"] == []
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    assert (code, mark(doc["items"])) == (0, [("upload", "model.bin", "removed")])
+    assert uploads() == []

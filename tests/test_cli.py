@@ -755,6 +755,8 @@ def test_mark_complete_never_adopts_a_folder_holding_symlinks(tmp_path: Path) ->
     (root / "legacy" / "c" / "0").write_bytes(b"data")
     (root / "legacy" / "c" / "1").symlink_to(outside / "f")
     (root / "legacy" / "more").symlink_to(outside / "d")
+    (root / "legacy" / "only").mkdir()  # a folder holding nothing but a link
+    (root / "legacy" / "only" / "link").symlink_to(outside / "f")
     (root / "plain").mkdir()
     (root / "plain" / "x").write_bytes(b"ok")
     doc = as_json(run("mark-complete", str(root), "--apply", "--json"))
@@ -762,7 +764,7 @@ def test_mark_complete_never_adopts_a_folder_holding_symlinks(tmp_path: Path) ->
         (f"file://{root}/plain", "adopted")]
     (skip,) = doc["skipped"]
     assert skip["url"] == f"file://{root}/legacy"
-    assert "holds symlinks (c/1, more)" in skip["reason"]
+    assert "holds symlinks (c/1, more, only/link)" in skip["reason"]
     assert not (root / ".durable" / "legacy").exists()
     assert (outside / "f").read_bytes() == b"shared chunk"
 

@@ -7,6 +7,7 @@ test computes itself, with the `crc32c` package, over the files as they are in t
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -355,6 +356,71 @@ def test_mark_complete_refuses_a_live_writer(place: Place) -> None:
     assert e.state() is State.COMPLETE
 
 
+@pytest.mark.parametrize("link", ["c/1", "more", "only/link"])
+def test_mark_complete_never_adopts_a_folder_holding_symlinks(tmp_path: Any,
+                                                              link: str) -> None:
+    """A symlinked chunk, a symlinked folder, or a link alone in a folder: listings skip
+    links, so Entry.mark_complete adopted the folder without it (`durable mark-complete`
+    ROOT skips such folders) and it read COMPLETE, whole. Refused, naming the link."""
+    from durable import UnsupportedError
+
+    outside = os.path.join(tmp_path, "outside")
+    os.makedirs(os.path.join(outside, "d"))
+    with open(os.path.join(outside, "f"), "wb") as f:
+        f.write(b"shared chunk")
+    ent = os.path.join(os.path.realpath(tmp_path), "root", "ent")
+    os.makedirs(os.path.join(ent, "c"))
+    os.makedirs(os.path.join(ent, "only"))
+    with open(os.path.join(ent, "c", "0"), "wb") as f:
+        f.write(b"data")
+    os.symlink(os.path.join(outside, "d" if link == "more" else "f"), os.path.join(ent, link))
+    e = Entry(ent)
+    with pytest.raises(UnsupportedError, match=f"file://{ent}/{link} is a symlink: durable "
+                                               "follows no link, so a marker"):
+        e.mark_complete()
+    assert e.state() is State.INCOMPLETE
+    assert not os.path.exists(os.path.join(tmp_path, "root", ".durable", "ent"))
+
+
+@pytest.mark.parametrize("what", ["a symlink", "a directory", "a special file"])
+def test_a_recorded_object_replaced_by_no_file_is_named_for_what_is_there(
+        tmp_path: Any, what: str) -> None:
+    """A committed object replaced by a symlink, a directory or a FIFO: status, verify
+    (of the entry and of the root) and scan all said it was "missing", naming a path
+    that is there (readers already say what is there instead)."""
+    from click.testing import CliRunner
+
+    from durable.cli import cli
+
+    root = os.path.realpath(tmp_path)
+    e = Entry(os.path.join(root, "ent"))
+    with e.writing() as w:
+        w.write_bytes("c/0", b"x" * 10)
+        w.write_bytes("zarr.json", b"{}")
+    obj = os.path.join(e.path, "c", "0")
+    os.remove(obj)
+    if what == "a symlink":
+        os.symlink(os.path.join(e.path, "zarr.json"), obj)
+    elif what == "a directory":
+        os.mkdir(obj)
+    else:
+        os.mkfifo(obj)
+    said = f"{e.url}/c/0 is listed in the marker but is {what}, not an object"
+    st = e.status()
+    assert (st.state, st.reason) == (State.INCOMPLETE, f"marker present but data gone: {said}")
+    (problem,) = e.verify(deep=True, raise_errors=False).problems
+    assert (problem.key, problem.issue, problem.expected, problem.found) == (
+        "c/0", "missing", 10, f"{what}, not an object")
+    run = CliRunner().invoke(cli, ["verify", root, "--json"])
+    (result,) = json.loads(run.stdout)["results"]
+    assert [(p["key"], p["found"]) for p in result["problems"]] == [
+        ("c/0", f"{what}, not an object")], result
+    run = CliRunner().invoke(cli, ["scan", root, "--json"])
+    (row,) = json.loads(run.stdout)["entries"]
+    assert f"{e.url}/c/0 is {what}, not an object (the marker recorded 10 bytes)" in (
+        row["reason"]), row
+
+
 OBJECTS = {key(i): payload(i, 1000) for i in range(6)}
 
 
@@ -701,3 +767,64 @@ def test_an_empty_url_is_refused(tmp_path: os.PathLike[str]) -> None:
 
     with pytest.raises(ValueError, match="an empty URL names no object"):
         atomic_write("").__enter__()
+
+
+def test_a_file_dropped_unclosed_in_the_block_refuses_the_commit(place: Place) -> None:
+    """``np.save(w.fs.open(path, "wb"), array)``: the file, never closed, is dropped as the
+    statement ends, and its finalizer publishes nothing (never from the garbage
+    collector). The commit then went on without it: the entry was COMPLETE with the shard
+    missing from its data and its manifest, and the writer was told nothing. Refused,
+    naming the object; nothing of the entry is left."""
+    e = Entry(place.url("ckpt"))
+    with pytest.raises(IntegrityError,
+                       match=r"dropped without close\(\), so never published: .*ckpt/shard-0"), \
+            e.writing() as w:
+        w.write_bytes("index.json", b'{"shards": 1}')
+        w.fs.open(f"{w.path}/shard-0.bin", "wb").write(b"weights")  # never closed
+        gc.collect()  # where reference counting did not drop it already
+    assert e.state() is State.ABSENT
+    assert not [k for k in place.files() if k.startswith("ckpt/")]
+
+
+def test_a_writer_over_data_written_without_durable_is_told_how_to_adopt_it(
+        place: Place) -> None:
+    """A checkpoint folder saved before durable (no records at all): the refusal said
+    "a killed writer's leftover ... Resolve it with Entry.delete() or `durable clean`",
+    and `durable clean` leaves data with no durable records alone (it removed nothing).
+    It says what the data is and how to adopt it or start over."""
+    place.write("legacy/model.npy", b"weights")
+    with pytest.raises(IncompleteExistsError) as info, \
+            Entry(place.url("legacy")).writing() as w:
+        w.write_bytes("more.npy", b"x")
+    text = str(info.value)
+    assert "no durable records" in text and "mark_complete()" in text
+    assert "overwrite=True" in text and "durable clean" not in text
+    assert place.files() == {"legacy/model.npy": b"weights"}
+
+
+def test_a_file_dropped_then_written_again_commits_what_was_written_after(
+        place: Place) -> None:
+    """A download retried by hand: the failed try's file dropped unclosed, the next one
+    written whole. The object is in the entry as the later file wrote it: nothing was
+    lost, so the commit goes on. A rewrite dropped after an earlier write of the same
+    object was lost, and still refuses it."""
+    e = Entry(place.url("ckpt"))
+    with e.writing() as w:
+        for attempt in range(2):
+            f = w.fs.open(f"{w.path}/weights.bin", "wb")
+            f.write(b"partial" if attempt == 0 else b"whole weights")
+            if attempt == 0:
+                del f  # the try failed: its file dropped, unclosed
+                gc.collect()
+                continue
+            f.close()
+    assert e.state() is State.COMPLETE
+    assert read_verified(place.url("ckpt", "weights.bin")) == b"whole weights"
+
+    e2 = Entry(place.url("ckpt2"))
+    with pytest.raises(IntegrityError, match=r"dropped without close\(\).*ckpt2/a"), \
+            e2.writing() as w:
+        w.write_bytes("a", b"first")
+        w.fs.open(f"{w.path}/a", "wb").write(b"second, lost")
+        gc.collect()
+    assert e2.state() is State.ABSENT

@@ -11,6 +11,7 @@ Objects are written straight to moto and read through the proxy.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -257,3 +258,44 @@ def test_a_write_answered_200_with_an_error_document_says_so(
     assert "answered HTTP 200 with an error document" in text, text
     assert "InternalError: We encountered an internal error." in text, text
     assert "HTTP 500" not in text, text
+
+
+@pytest.mark.s3
+def test_an_error_document_stored_as_a_legacy_object_is_never_adopted(
+        s3_bucket: Bucket, tmp_path: Path) -> None:
+    """Incident 003: a 403's body saved as the checkpoint (``curl -o`` without ``-f``, a
+    client that wrote whatever came back). Unrecorded, every read refuses it; adopted by
+    `Entry.mark_complete` (or `durable mark-complete --apply`) it got a record of its own
+    bytes, and every read then returned the XML as the checkpoint. Nor does a writer's
+    commit adopt one that another tool put in the entry. Refused, naming the object."""
+    from click.testing import CliRunner
+
+    from durable.cli import cli
+
+    opts = s3_bucket.storage_options
+    fs = s3_bucket.filesystem()  # around durable: straight to moto
+    fs.pipe_file(f"{s3_bucket.name}/legacy/run-1/config.json", b'{"lr": 0.1}')
+    fs.pipe_file(f"{s3_bucket.name}/legacy/run-1/model.pt", S3_DOC)
+    fs.pipe_file(f"{s3_bucket.name}/legacy/model.pt", S3_DOC)
+    for url in (s3_bucket.path("legacy", "run-1"), s3_bucket.path("legacy", "model.pt")):
+        entry = Entry(url, storage_options=opts)
+        with pytest.raises(IntegrityError, match=r"model\.pt: .*error document with code "
+                                                 r"AccessDenied.*not adopted") as info:
+            entry.mark_complete()
+        model = url if url.endswith(".pt") else f"{url}/model.pt"
+        assert info.value.url == model
+        assert entry.read_marker() is None
+        with pytest.raises(IntegrityError, match="error document"):
+            read_verified(model, storage_options=opts, require_record=False)
+    result = CliRunner().invoke(cli, ["mark-complete", s3_bucket.path("legacy"), "--apply",
+                                       "--storage-options", json.dumps(opts)])
+    assert "error document" in result.output
+    assert Entry(s3_bucket.path("legacy", "run-1"), storage_options=opts).read_marker() is None
+
+    # A local writer whose entry another tool put a saved error page into.
+    entry = Entry(str(tmp_path / "ckpt"))
+    with pytest.raises(IntegrityError, match=r"ckpt/weights\.bin: .*error document"), \
+            entry.writing() as w:
+        w.write_bytes("index.json", b'{"shards": ["weights.bin"]}')
+        (tmp_path / "ckpt" / "weights.bin").write_bytes(S3_DOC)  # e.g. curl -o
+    assert entry.read_marker() is None

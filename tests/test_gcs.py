@@ -364,6 +364,25 @@ def test_a_writer_whose_marker_landed_but_whose_answer_was_lost_has_committed(
 
 
 # ----------------------------------------------------------------- modification times
+def test_the_conditional_probe_writes_nothing_into_an_entrys_records(
+        fake_proxied: tuple[Bucket, FaultProxy]) -> None:
+    """The probe of conditional writes (once per endpoint, at the first lease or
+    conditional delete) wrote its object beside the path asked about: into an entry's
+    records. Another clean listing them then saw a new record and kept the entry as "a
+    writer started while its data was being removed" (failed, exit 6), and one left by a
+    crash made the entry look started. It goes in the bucket's own records folder, which
+    no entry owns, as on S3."""
+    from urllib.parse import unquote
+
+    bucket, proxy = fake_proxied
+    records = f"{bucket.name}/root/.durable/e/attempts/{'0' * 32}.json"
+    assert adapter(bucket).supports_conditional(records)
+    named = [unquote(n) for r in proxy.requests for n in r.query.get("name", [])]
+    named += [unquote(r.path) for r in proxy.requests if r.method == "DELETE"]
+    assert named and not [n for n in named if "root/" in n], named
+    assert all(".durable/.durable-probe-" in n for n in named), named
+
+
 def test_stat_and_listing_carry_the_stores_modification_time(gcs: Bucket) -> None:
     Raw(gcs).put("d/a.bin", SMALL)
     stamp = Raw(gcs).resource("d/a.bin")["updated"]

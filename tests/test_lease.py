@@ -877,6 +877,9 @@ def test_a_taker_that_waited_on_a_removed_lock_file_locks_the_one_at_its_path(
 
             wait_for(waits_on_it, "the other process opening the lock file")
             unlinked = os.stat(lock).st_ino
+            # Kept open here so its inode cannot be reused by the file the taker makes
+            # next (a file system hands a freed inode number out again at once).
+            keep = os.open(lock, os.O_RDONLY)
             os.unlink(lease)  # nothing left to guard: the lock file goes at the release
         except BaseException:
             taker.kill()
@@ -894,6 +897,7 @@ def test_a_taker_that_waited_on_a_removed_lock_file_locks_the_one_at_its_path(
         finally:
             os.close(fd)
     finally:
+        os.close(keep)
         go.put(1)
         taker.join(timeout=60)
         if taker.is_alive():

@@ -164,6 +164,8 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "size as float": with_record(size=8.0),
     "size as string": with_record(size="8"),
     "size as bool": with_record(size=True),
+    "size beyond any object": with_record(size=2**63),
+    "size of 500 digits": with_record(size=10**500),
     # A tail (an object's last 4 bytes) is recorded only under the CRC32C residue.
     "tail not hex": with_record(tail="not-hex!"),
     "tail as integer": with_record(tail=12345),

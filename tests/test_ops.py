@@ -789,6 +789,157 @@ def test_clean_removes_attempt_records_left_beside_a_marker(small: LocalStore,
     assert done.state() is State.COMPLETE and done.verify(deep=True).ok
 
 
+GONE = "already removed since the plan (by another clean of this root, or a delete)"
+
+
+def apply_as_another_cleans(first: Any, second: Any, plans: list[Any],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apply ``plans[0]`` to the survey ``first``; as it comes to remove the records of its
+    first item (past every check), the other clean (``plans[1]`` on ``second``) runs whole."""
+    from durable._ops import apply_clean
+
+    exclusive = first.adapter.exclusive
+    ran: list[bool] = []
+
+    @contextlib.contextmanager
+    def second_clean_first(path: str) -> Iterator[bool]:
+        if not ran:  # (the adapter may be the second clean's too: it runs once)
+            ran.append(True)
+            apply_clean(second, plans[1], workers=1)
+        with exclusive(path) as locked:
+            yield locked
+
+    monkeypatch.setattr(first.adapter, "exclusive", second_clean_first)
+    apply_clean(first, plans[0], workers=1)
+    assert ran
+
+
+def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `durable clean --apply` runs of one root, planned together, the second removing
+    everything while the first is between its checks and the removal of the records: both
+    reported "removed" for the same entry (and the same spent records). Only one removed
+    it; the other says it was already gone."""
+    from durable import Entry, State
+    from durable._ops import plan_clean
+
+    done = Entry(small.url("done.zarr"))
+    small.write(".durable/done.zarr/attempts/0123456789abcdef0123456789abcdef.json", b"{}")
+    small.set_mtime(".durable/done.zarr", time.time() - OLD)
+    first, second = survey_of(small), survey_of(small)
+    plans = [plan_clean(sv, older_than=3600, lease_wait=10, sleep=Heartbeat(small))
+             for sv in (first, second)]
+    planned = {(i.kind, i.url.rpartition("/")[2]) for i in plans[0].items}
+    assert planned == {(i.kind, i.url.rpartition("/")[2]) for i in plans[1].items} == {
+        ("entry", "dead.zarr"), ("entry", "stale.zarr"), ("spent", "done.zarr")}
+    apply_as_another_cleans(first, second, plans, monkeypatch)
+    for a, b in zip(plans[0].items, plans[1].items, strict=True):
+        statuses = sorted([(a.status, a.detail), (b.status, b.detail)])
+        assert statuses == [("removed", ""), ("skipped", GONE)], (a.url, statuses)
+    assert [i.status for i in plans[1].items] == ["removed"] * 3  # the one that ran whole
+    after = small.snapshot()
+    assert not [k for k in after if k.startswith((".durable/dead.zarr", "dead.zarr/",
+                                                  ".durable/done.zarr/attempts/"))]
+    assert done.state() is State.COMPLETE
+
+
+def test_a_clean_finding_a_folder_removed_under_it_is_no_failure(
+        small: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three cleans of one root at once (1,500 dead entries) listed a few entries each as
+    failed, exit 6, "FileNotFoundError: ... No such file or directory: ROOT/eNNN": one
+    unlinked the entry's zarr.json, another removed the whole folder, and the first's
+    fsync of the folder (to make its unlink durable) found it gone. Nothing is left in a
+    folder that is gone: that clean reports the entry as removed by another."""
+    import durable.adapters.local as local
+    from durable._ops import apply_clean, plan_clean
+
+    first, second = survey_of(small), survey_of(small)
+    plans = [plan_clean(sv, older_than=3600, lease_wait=10, sleep=Heartbeat(small))
+             for sv in (first, second)]
+    dead = os.path.join(small.root, "dead.zarr")
+    fsync_dir = local.fsync_dir
+    ran: list[bool] = []
+
+    def second_clean_first(path: str) -> None:
+        # The first clean has just unlinked dead.zarr/zarr.json: the other runs whole now.
+        if path == dead and not ran:
+            ran.append(True)
+            apply_clean(second, plans[1], workers=1)
+        fsync_dir(path)
+
+    monkeypatch.setattr(local, "fsync_dir", second_clean_first)
+    apply_clean(first, plans[0], workers=1)
+    assert ran
+    status = {i.url.rpartition("/")[2]: (i.status, i.detail) for i in plans[0].items}
+    assert status["dead.zarr"] == ("skipped", GONE)
+    assert not os.path.exists(dead)
+
+
+def check_attempt_record_made_a_directory(store: Any, with_data: bool) -> None:
+    """Objects below an attempt record's name (``attempts/<id>.json/x``, a directory on a
+    disk): `durable status` said "data present but no commit marker" (or, with no data,
+    "a writer started") where clean planned "records but no marker" and mark-complete sent
+    the user to `durable status` for records it never named. Every command names it now,
+    in the same words; clean removes it as records of no live writer."""
+    from durable import Entry, State
+
+    attempt = ".durable/e/attempts/0123456789abcdef0123456789abcdef.json"
+    if with_data:
+        store.write("e/c/0", b"data")
+    store.write(f"{attempt}/x", b"{}")
+    said = (f"{store.canonical(attempt)} is a directory (holding "
+            f"{store.canonical(attempt + '/x')}), not an attempt record file: no durable "
+            "writer made it (a hostile or corrupt layout)")
+    st = Entry(store.url("e"), storage_options=store.options).status()
+    assert st.state is State.INCOMPLETE and st.reason == (
+        "data present but no commit marker" if with_data else
+        "records but no commit marker and no data") + f"; {said}", st.reason
+    _, doc = run(store, "scan", store.url())
+    (row,) = [r for r in doc["entries"] if r["url"] == store.canonical("e")]
+    assert (row["state"], row["reason"]) == ("INCOMPLETE", st.reason)
+    _, doc = run(store, "mark-complete", store.url())
+    if with_data:
+        (skipped,) = [s for s in doc["skipped"] if s["url"] == store.canonical("e")]
+        assert skipped["reason"].endswith(f": {said}"), skipped
+    code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    (item,) = doc["items"]
+    assert (code, item["url"], item["status"]) == (0, store.canonical("e"), "removed")
+    assert item["reason"].endswith(f"; {said}"), item
+    assert Entry(store.url("e"), storage_options=store.options).state() is State.ABSENT
+
+
+@pytest.mark.parametrize("with_data", [True, False], ids=["data", "no-data"])
+def test_an_attempt_record_made_a_directory_is_named_alike_everywhere(
+        tmp_path: Path, with_data: bool) -> None:
+    check_attempt_record_made_a_directory(LocalStore(os.path.realpath(tmp_path)), with_data)
+
+
+def test_spent_records_inside_a_committed_entry_are_its_data(tmp_path: Path) -> None:
+    """An entry committed inside another (``outer/inner``) with an attempt record left
+    beside its marker, then ``outer`` committed around it: that record is outer's data,
+    in outer's manifest. clean removed it as spent, and outer, COMPLETE, failed its
+    verification (missing). It is kept, naming the entry it belongs to."""
+    from durable import Entry, State
+
+    root = os.path.realpath(tmp_path)
+    store = LocalStore(root)
+    with Entry(store.url("outer", "inner")).writing() as w:
+        w.write_bytes("c/0", b"inner data")
+    store.write(f"outer/.durable/inner/attempts/{'a' * 32}.json", b"{}")
+    outer = Entry(store.url("outer"))
+    outer.mark_complete()
+    store.set_mtime("", time.time() - OLD)
+    before = store.snapshot()
+    code, doc = run(store, "clean", root, "--older-than", "1h", "--apply")
+    assert (code, doc["items"]) == (0, []), doc
+    (kept,) = doc["kept"]
+    assert kept == {"url": f"file://{root}/outer/inner (records beside its marker)",
+                    "reason": f"inside the committed entry file://{root}/outer, whose "
+                              "data they are"}
+    assert store.snapshot() == before
+    assert outer.state() is State.COMPLETE and outer.verify(deep=True).ok
+
+
 def test_mark_complete_checks_again_before_adopting(small: LocalStore) -> None:
     """A writer that takes a lease on unmarked data after the survey keeps it from adoption
     (Entry.mark_complete itself refuses a started writer, not a lease)."""

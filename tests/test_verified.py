@@ -358,6 +358,41 @@ def test_object_not_in_the_manifest_is_refused(place: Place) -> None:
     assert info.value.url == url and "not in the manifest" in str(info.value)
 
 
+def test_an_object_neither_there_nor_committed_is_not_found(place: Place) -> None:
+    """A probe for an optional file of a committed checkpoint (``optimizer.pt``, never
+    saved): read_verified and open_verified raised IntegrityError ("not part of what was
+    committed"), an OSError that ``except FileNotFoundError`` let through, where
+    ``durable::`` and any file system answer "not found". One that is there but was not
+    committed stays an IntegrityError."""
+    in_entry(place)
+    url = place.canonical("ent", "c", "optimizer.pt")
+    for read in (lambda: read_verified(url), lambda: open_verified(url).read()):
+        with pytest.raises(FileNotFoundError, match=r"committed entry .*ent") as info:
+            read()
+        assert not isinstance(info.value, IntegrityError)
+        assert url in str(info.value)
+    place.write("ent/c/optimizer.pt", b"written after the commit")
+    with pytest.raises(IntegrityError, match="not in the manifest"):
+        read_verified(url)
+
+
+def test_an_object_of_an_entry_being_written_is_refused_saying_so(place: Place) -> None:
+    """A reader on another node, a checkpoint's shard while its writer is at work (or was
+    killed): "no commit record covers this object ... adopt it with
+    Entry.mark_complete()", advice that would call a partial checkpoint whole. It names
+    the entry a durable writer started and has not committed."""
+    e = Entry(place.url("step-7"))
+    with e.writing() as w:
+        w.write_bytes("shards/0.npy", DATA)
+        for url in (place.url("step-7", "shards", "0.npy"),):
+            with pytest.raises(IncompleteError) as info:
+                read_verified(url)
+            text = str(info.value)
+            assert f"{e.url}, which a durable writer started and has not committed" in text
+            assert "mark_complete" not in text
+    assert read_verified(place.url("step-7", "shards", "0.npy")) == DATA
+
+
 def test_an_object_deep_inside_an_entry_is_checked_against_its_manifest(
         place: Place) -> None:
     """Writers take keys of any depth; the reader's walk up to the entry's marker must

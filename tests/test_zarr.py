@@ -15,6 +15,7 @@ import pickle
 import re
 import subprocess
 import sys
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -581,6 +582,136 @@ def test_an_update_of_a_consolidated_group_is_read_at_its_new_shape(
     plain = zarr.open_consolidated(url, mode="r", **target.plain_options())
     np.testing.assert_array_equal(plain["a"][:], grown)
     assert Entry(url, storage_options=target.options).verify(deep=True).ok
+
+
+@pytest.mark.parametrize("store", [pytest.param("s3_bucket", marks=pytest.mark.s3),
+                                   pytest.param("gcs_bucket", marks=pytest.mark.gcs)])
+def test_an_update_begun_before_the_last_commits_housekeeping_keeps_its_metadata(
+        store: str, request: pytest.FixtureRequest) -> None:
+    """On an object store a commit removed its staged copies of the metadata by name, as
+    housekeeping after the marker. An update begun before that ran (the next step of the
+    same script, or another process) had staged the documents it hid under the same names:
+    the housekeeping removed those, and the update committed COMPLETE without the root
+    ``zarr.json``: no reader, plain or durable, found the array (seen on the GCS
+    emulator, whose removals are slow, as an xarray append then a region write)."""
+    from durable import _background as background
+
+    bucket: Bucket = request.getfixturevalue(store)
+    url, options = bucket.path("u.zarr"), dict(bucket.storage_options)
+    data = expected()
+    with dz.writing(url, storage_options=options) as zs:
+        zarr.create_array(zs, data=data, chunks=CHUNKS)
+    background.wait()
+    released = threading.Event()
+
+    def held() -> None:
+        released.wait(60)
+
+    # Housekeeping runs in order on one thread: the next commit's waits behind this.
+    background.later(held, "held by the test")
+    with dz.writing(url, storage_options=options, update=True) as zs:
+        zarr.open_array(zs, mode="r+")[:5] = -1
+    with dz.writing(url, storage_options=options, update=True) as zs:
+        zarr.open_array(zs, mode="r+")[5:10] = -2
+        released.set()
+        background.wait()  # the first update's housekeeping, while this one has staged
+    want = data.copy()
+    want[:5], want[5:10] = -1, -2
+    entry = Entry(url, storage_options=options)
+    assert entry.state() is State.COMPLETE
+    assert "zarr.json" in committed_keys(url, options)
+    np.testing.assert_array_equal(dz.open(url, storage_options=options)[:], want)
+    np.testing.assert_array_equal(
+        zarr.open_array(url, mode="r", storage_options=options)[:], want)
+    assert entry.verify(deep=True).ok
+
+
+def test_an_update_whose_hidden_metadata_left_staging_is_never_committed(
+        target: Target) -> None:
+    """An update hides the entry's metadata in staging until its commit. Removed from
+    there by anyone else meanwhile (an older version's housekeeping, a tool clearing
+    `.durable`), the commit went on without it: COMPLETE, and no reader, plain or durable,
+    found the array. Now the commit refuses, naming what is gone."""
+    url = target.url("h.zarr")
+    data = expected()
+    dz.write(url, data, chunks=CHUNKS, storage_options=target.options)
+    entry = Entry(url, storage_options=target.options)
+    with pytest.raises(IntegrityError, match=r"h\.zarr: zarr\.json, hidden .* gone from "
+                       r"staging") as err, \
+            dz.writing(url, storage_options=target.options, update=True) as zs:
+        zarr.open_array(zs, mode="r+")[:5] = -1
+        target.raw_delete(".durable/h.zarr/staged/zarr.json")
+    assert err.value.url == entry.url
+    assert entry.state() is State.INCOMPLETE
+    assert "zarr.json" not in target.raw_keys("h.zarr")
+
+
+@pytest.mark.s3
+def test_two_updates_started_at_once_never_both_write(s3_bucket: Bucket) -> None:
+    """Two updates of one COMPLETE entry (two jobs appending to one dataset) both looked,
+    both found it COMPLETE, and both went on: an update looked, then removed the marker
+    and announced itself, with no look after. The one that did not commit still wrote:
+    its chunks over the other's commit (COMPLETE over another writer's chunk), its
+    staging removals over the other's hidden metadata (committed without it), seen with
+    two processes in 3 of 30 races on local disk. Here the second update starts while
+    the first's request after its look is held (a proxy in front of moto): both went on,
+    each removed the metadata the other had hidden, both failed, and the dataset's
+    metadata was gone from the entry and from staging."""
+    from durable.testing.faults import Match, delay
+
+    url, options = s3_bucket.path("race.zarr"), dict(s3_bucket.storage_options)
+    data = np.arange(10.0)
+    dz.write(url, data, chunks=(5,), storage_options=options)
+    inside, go_on = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def append(who: str, via: dict[str, Any], value: float, held: Any) -> None:
+        try:
+            with dz.writing(url, storage_options=via, update=True) as zs:
+                held()
+                zarr.open_array(zs, mode="r+").append(np.full(5, value))
+            outcome[who] = "committed"
+        except Exception as exc:  # the test asserts on it below
+            outcome[who] = exc
+
+    def second() -> None:
+        try:
+            append("second", options, 2.0, lambda: (inside.set(), go_on.wait(60)))
+        finally:
+            inside.set()
+
+    runner = threading.Thread(target=second)
+
+    def after_the_look(info: Any) -> bool:
+        # The first update's first change after its look: the marker's removal or its
+        # attempt record, whichever it sends first.
+        changes = ((info.method == "DELETE" and "race.zarr" in info.path)
+                   or (info.method == "POST" and "delete" in info.query)
+                   or (info.method == "PUT" and "/.durable/race.zarr/attempts/" in info.path))
+        if changes and not runner.is_alive() and "second" not in outcome:
+            runner.start()
+            inside.wait(60)
+        return False
+
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        proxy.add(delay(0, match=Match(where=after_the_look)))
+        via = {**options, "endpoint_url": proxy.url}
+        try:
+            append("first", via, 1.0, lambda: None)
+        finally:
+            go_on.set()
+            runner.join(120)
+    committed = [k for k, v in outcome.items() if v == "committed"]
+    assert len(committed) == 1, outcome
+    loser = outcome["first" if committed == ["second"] else "second"]
+    assert isinstance(loser, IncompleteExistsError), outcome
+    want = np.concatenate([data, np.full(5, 2.0 if committed == ["second"] else 1.0)])
+    entry = Entry(url, storage_options=options)
+    assert entry.state() is State.COMPLETE
+    assert entry.verify(deep=True, raise_errors=False).ok
+    np.testing.assert_array_equal(dz.open(url, storage_options=options)[:], want)
+    np.testing.assert_array_equal(
+        zarr.open_array(url, mode="r", storage_options=options)[:], want)
 
 
 def test_opening_an_array_inside_a_committed_group_names_the_entry(target: Target) -> None:

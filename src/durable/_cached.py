@@ -51,7 +51,6 @@ import os
 import re
 import sys
 import time
-import types
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
@@ -75,7 +74,7 @@ from durable._protocol import Manifest, Marker, State
 from durable._serializers import BytesSerializer, choose, load_value
 from durable.adapters import resolve
 
-__all__ = ["CachedFunction", "cached"]
+__all__ = ["BoundCachedFunction", "CachedFunction", "cached"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -136,6 +135,15 @@ class CachedFunction(Generic[P, R]):
             raise TypeError(f"durable.cached needs a function defined with def, got a "
                             f"lambda ({func.__module__}.{func.__qualname__}): lambdas "
                             "share one name, so their results would share entries")
+        kind = ("an async generator function" if inspect.isasyncgenfunction(func)
+                else "an async function" if inspect.iscoroutinefunction(func)
+                else "a generator function" if inspect.isgeneratorfunction(func) else None)
+        if kind is not None:
+            # Its call returns a coroutine or a generator that has not run: nothing to
+            # store, and the error came only at the first call, naming the coroutine.
+            raise TypeError(f"durable.cached cannot cache {func.__qualname__}: it is {kind}, "
+                            "whose call returns before it runs; cache a plain function "
+                            "that returns the finished result (a list, an array, ...)")
         functools.update_wrapper(self, func)
         self.__wrapped__ = func
         self._func = func
@@ -149,12 +157,16 @@ class CachedFunction(Generic[P, R]):
         check_stale_after(stale_after, stale_after / 5)  # refused now, not at the first call
         self._stale_after = stale_after
         self._adapter, root_path = resolve(root, storage_options)
-        self._version = _safe(str(version))
-        if not self._version:
+        # The key hashes the version as given; its folder is a hint, made safe for a path
+        # (cut, punctuation replaced): hashed from that, "1,0" and "1_0", or two versions
+        # alike for 96 characters, shared entries and returned each other's results.
+        self._version = str(version)
+        folder = _safe(self._version)
+        if not folder:
             raise ValueError(f"version {version!r} has nothing that can go in a path")
         self._function = _qualified(func)
         self._name = getattr(func, "__name__", "function")
-        self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{self._version}"
+        self._prefix = f"{root_path.rstrip('/')}/{_safe(self._function)}/v{folder}"
 
     def __repr__(self) -> str:
         return f"<durable.cached {self._function} at {self._adapter.url(self._prefix)}>"
@@ -162,8 +174,10 @@ class CachedFunction(Generic[P, R]):
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         # On a method: bound as a function would be, so ``self`` is the first argument,
         # and part of the key like any other (an unkeyable instance is a TypeError naming
-        # it; ``key=`` chooses what counts).
-        return self if instance is None else types.MethodType(self, instance)
+        # it; ``key=`` chooses what counts). The helpers are bound too: through a plain
+        # bound method, ``model.predict.clear(x)`` took x for self and cleared another
+        # entry (or none).
+        return self if instance is None else BoundCachedFunction(self, instance)
 
     # the entry of a call -----------------------------------------------------------------
     def _key_doc(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -408,6 +422,56 @@ class CachedFunction(Generic[P, R]):
                 f"{self._name}.clear(...) (`durable clean`)")
 
 
+class BoundCachedFunction:
+    """A cached method reached through an instance: the call and the helpers (``entry``,
+    ``state``, ``clear``, ``recompute``) take that instance first, as a bound method's
+    call does. Pickled as a bound method is (the instance and the method's name)."""
+
+    def __init__(self, function: CachedFunction[..., Any], instance: object) -> None:
+        self.__func__ = function
+        self.__self__ = instance
+        self.__doc__ = function.__doc__
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # As a bound method's: the function's, without the instance's parameter.
+        sig = inspect.signature(self.__func__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def entry(self, *args: Any, **kwargs: Any) -> Entry:
+        return self.__func__.entry(self.__self__, *args, **kwargs)
+
+    def state(self, *args: Any, **kwargs: Any) -> State:
+        return self.__func__.state(self.__self__, *args, **kwargs)
+
+    def clear(self, *args: Any, **kwargs: Any) -> None:
+        self.__func__.clear(self.__self__, *args, **kwargs)
+
+    def recompute(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__.recompute(self.__self__, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("__func__", "__self__"):  # not set yet (a copy): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.__func__, name)  # __name__, __wrapped__, on_incomplete, ...
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (self.__self__, self.__func__._name)
+
+    def __eq__(self, other: object) -> bool:  # as bound methods compare: the same instance
+        return (isinstance(other, BoundCachedFunction) and other.__func__ is self.__func__
+                and other.__self__ is self.__self__)
+
+    def __hash__(self) -> int:
+        return hash((id(self.__func__), id(self.__self__)))
+
+    def __repr__(self) -> str:
+        return f"<bound {self.__func__!r} of {self.__self__!r}>"
+
+
 class _Leftover(Exception):
     """Entry.writing() found the entry INCOMPLETE although no other writer holds the lease."""
 
@@ -496,6 +560,16 @@ def _canonical(value: Any, where: str, depth: int = 0) -> Any:
                                               f"{where}, field {f.name!r}", depth + 1)
                            for f in dataclasses.fields(value)}}
     ndarray = _numpy_type("ndarray")
+    if (ndarray is not None and isinstance(value, ndarray) and type(value) is not ndarray
+            and not isinstance(value, _numpy_type("memmap"))):
+        # Keyed by its bytes, a subclass shared the plain array's entry: a masked array
+        # that of its filled values, np.matrix (whose ** is a matrix power) and a unit
+        # carrying array that of its numbers. A memmap is what its bytes say.
+        raise TypeError(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
+                        "is an ndarray subclass, whose bytes do not say all it is (a mask, "
+                        "a unit, matrix semantics): pass numpy.asarray(...) of it, or key= "
+                        "to cached (a function of the same arguments returning what "
+                        "identifies the result)")
     if ndarray is not None and isinstance(value, ndarray) and value.dtype.kind != "O":
         data = value.tobytes(order="C")
         # A structured dtype's str is "|V<size>" alone: arrays with other field names (or
@@ -518,8 +592,21 @@ def _qualified(obj: Any) -> str:
     """``module.qualname`` of a function or class, the same in every process: a script's
     are __main__'s in the script and __mp_main__'s in the workers multiprocessing spawns
     from it (its functions' results, or the keys of its enums and dataclasses, were
-    computed and stored twice)."""
-    module = "__main__" if obj.__module__ == "__mp_main__" else obj.__module__
+    computed and stored twice). And another script's are not: named __main__'s, the
+    ``tokenize`` of prep_v1.py and of prep_v2.py shared entries under one root, and one
+    returned the other's results. A script is named by its file (``prep_v1.py``), one run
+    with ``python -m`` by its module; __main__ stays for what has neither (a notebook)."""
+    module = obj.__module__
+    if module in ("__main__", "__mp_main__"):
+        main = sys.modules.get(module)
+        spec = getattr(main, "__spec__", None)
+        file = getattr(main, "__file__", None)
+        if spec is not None and spec.name not in ("__main__", "__mp_main__"):
+            module = spec.name
+        elif isinstance(file, str):
+            module = os.path.basename(file)
+        else:
+            module = "__main__"
     return f"{module}.{obj.__qualname__}"
 
 

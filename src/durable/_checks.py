@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durable._checksum import Checksum, crc_to_hex
+from durable._error_document import ERROR_DOC_LIMIT, error_document
 from durable._errors import DurableError, IntegrityError, MarkerError
 from durable._protocol import Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo
 
 __all__ = ["WORKERS", "LinkedRecords", "Problem", "Status", "VerifyReport", "checksum_all",
-           "deep_problem", "read_object_record", "report_error"]
+           "deep_problem", "missing", "missing_problem", "read_object_record", "report_error"]
 
 _READ_BLOCK = 8 * 1024 * 1024
 #: Objects read (checksummed, verified) or folders looked at, at once.
@@ -30,6 +31,23 @@ class Status:
     racing: bool = field(default=False, compare=False)
     """INCOMPLETE only because another writer started at the same moment as the one asking
     (their attempt records are seconds apart): a later try may go through."""
+
+
+def missing(adapter: Adapter, path: str) -> str:
+    """What is at ``path``, where an object of a manifest is missing from a listing:
+    "missing", or what is there instead where the adapter can tell without a request (a
+    symlink, a directory, a special file on a local disk; listings skip them, and
+    "missing" named a path that is there)."""
+    what = adapter.not_an_object(path)
+    return "missing" if what is None else f"{what}, not an object"
+
+
+def missing_problem(adapter: Adapter, key: str, path: str, size: int) -> Problem:
+    """The `Problem` of a manifest's object a listing does not show: found is what is
+    there instead (`missing`), or None."""
+    what = missing(adapter, path)
+    return Problem(key, adapter.url(path), "missing", expected=size,
+                   found=None if what == "missing" else what)
 
 
 class LinkedRecords(MarkerError):
@@ -50,7 +68,7 @@ class Problem:
 
     def __str__(self) -> str:
         if self.issue == "missing":
-            return f"{self.url}: missing (expected {self.expected} bytes)"
+            return f"{self.url}: {self.found or 'missing'} (expected {self.expected} bytes)"
         if self.issue == "unexpected":
             return f"{self.url}: not in the manifest ({self.found} bytes)"
         if self.issue == "unreadable":
@@ -71,13 +89,28 @@ class VerifyReport:
         return not self.problems
 
 
-def read_object_record(adapter: Adapter, path: str, info: ObjectInfo) -> ObjectRecord:
+def read_object_record(adapter: Adapter, path: str, info: ObjectInfo, *,
+                       adopting: bool = False) -> ObjectRecord:
     """Stream one object through CRC32C, pinned to the version ``info`` names: its record
-    (with the tail, where its CRC32C is the residue)."""
+    (with the tail, where its CRC32C is the residue). ``adopting``: the record will make
+    the object trusted, so one that is an object store's error document is refused."""
     ck = Checksum()
+    small = bytearray() if adopting and info.size <= ERROR_DOC_LIMIT else None
     with adapter.open_read(path, info) as f:
         while block := f.read(_READ_BLOCK):
             ck.update(block)
+            if small is not None and len(small) <= ERROR_DOC_LIMIT:
+                small += block
+    found = None if small is None else error_document(small)
+    if found is not None:
+        # Incident 003: a 403's body saved as the file. Unrecorded, every read refuses
+        # it; recorded, it would be read back as the data from then on.
+        url = adapter.url(path)
+        raise IntegrityError(
+            f"{url}: the object is an object store's error document with code {found[0]} "
+            f"({found[1][:200]!r}), stored in the data's place (a download that saved an "
+            "error page); not adopted: fetch the object again, or remove it",
+            url=url, expected="the object's bytes", found=f"an error document ({found[0]})")
     return ObjectRecord.of(ck.size, ck.crc, ck.ending)
 
 
@@ -102,9 +135,11 @@ def deep_problem(adapter: Adapter, key: str, info: ObjectInfo,
 
 def checksum_all(adapter: Adapter, listing: dict[str, ObjectInfo],
                   workers: int) -> dict[str, ObjectRecord]:
+    """Records for objects no writer recorded, read whole: what an adoption (a commit's,
+    `mark_complete`'s) will vouch for from now on."""
     def one(item: tuple[str, ObjectInfo]) -> tuple[str, ObjectRecord]:
         key, info = item
-        rec = read_object_record(adapter, info.path, info)
+        rec = read_object_record(adapter, info.path, info, adopting=True)
         if rec.size != info.size:
             raise IntegrityError(
                 f"{adapter.url(info.path)}: listed with {info.size} bytes, read {rec.size}",

@@ -91,7 +91,7 @@ def start(entry: Entry, writer: EntryWriter, lease: Lease | None, *, overwrite: 
                 # In the try: a PUT that landed but failed (an interrupt, a lost answer)
                 # is removed too, never left to make the entry look worked on.
                 _announce(entry, record, writer.attempt, _RacedStart)
-            fresh, seed, versions = _check_and_clear(
+            fresh, seed, versions, looked = _check_and_clear(
                 entry, keep_lease, overwrite=overwrite, resume=resume, update=update,
                 own_attempt=writer.attempt if first else None)
             break
@@ -112,17 +112,51 @@ def start(entry: Entry, writer: EntryWriter, lease: Lease | None, *, overwrite: 
     writer._baseline = {k: (rec, versions[k]) for k, rec in seed.items()}
     if not first:
         _announce(entry, record, writer.attempt, IncompleteExistsError)
-        if not keep_lease:
-            # Looked again once announced: a writer that took the lease since the look
-            # above either listed the records after this record (and refuses) or
-            # before it, and then its lease is here now (the clear keeps leases).
-            try:
+        try:
+            if not keep_lease:
+                # Looked again once announced: a writer that took the lease since the
+                # look above either listed the records after this record (and refuses)
+                # or before it, and then its lease is here now (the clear keeps leases).
                 refuse_live_lease(entry, doing)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    entry.adapter.delete([record])
-                raise
+            if update and not keep_lease:
+                # Two updates that looked at once both found the entry COMPLETE: without
+                # this look after the announce both went on, and the one that did not
+                # commit wrote its chunks over the other's commit and removed the
+                # metadata the other had hidden. As for fresh writers, at most one of
+                # two sees no other record; both may refuse, the marker still there.
+                _refuse_another_update(entry, writer.attempt, looked)
+            if update and not fresh:
+                # Invalidate before touching anything: a reader must never see the old
+                # marker over data that is being changed.
+                entry.adapter.delete([entry.layout.marker])
+        except BaseException:
+            with contextlib.suppress(Exception):
+                entry.adapter.delete([record])
+            raise
     return fresh
+
+
+def _refuse_another_update(entry: Entry, attempt: str, looked: str | None) -> None:
+    """IncompleteExistsError if another writer's attempt record is beside this one's.
+
+    ``looked``: the attempt of the commit this update looked at; its record, and any
+    older than that commit's marker (by the store's clock), are leftovers of writers done
+    before it (housekeeping still to run, a process killed after its marker), not one at
+    work."""
+    records = entry.adapter.list(entry.layout.records)
+    marker = records.get(MARKER_NAME)
+    since = marker.modified if marker is not None else None
+    others = sorted(
+        k for k, info in records.items()
+        if k.startswith("attempts/") and k not in (f"attempts/{attempt}.json",
+                                                   f"attempts/{looked}.json")
+        and (since is None or info.modified is None or info.modified >= since))
+    if others:
+        raise IncompleteExistsError(
+            f"{entry.url}: not updating: another writer started on it at the same moment "
+            f"({others[:3]}); nothing was changed, the entry is as it was. Try again once "
+            "that writer is done (if none is at work, `durable clean` removes a killed "
+            "writer's record)", url=entry.url)
 
 
 def _announce(entry: Entry, record: str, attempt: str,
@@ -144,7 +178,8 @@ def _announce(entry: Entry, record: str, attempt: str,
 
 def _check_and_clear(entry: Entry, keep_lease: bool, *, overwrite: bool, resume: bool,
                      update: bool, own_attempt: str | None
-                     ) -> tuple[bool, dict[str, ObjectRecord], dict[str, str | None]]:
+                     ) -> tuple[bool, dict[str, ObjectRecord], dict[str, str | None],
+                                str | None]:
     """The state check of `writing`, and what it clears: (fresh, the records of the
     objects an update keeps, their versions). ``own_attempt``: as for `_status`."""
     try:
@@ -165,10 +200,8 @@ def _check_and_clear(entry: Entry, keep_lease: bool, *, overwrite: bool, resume:
         now = entry.adapter.list(entry.path)
         seed = {k: r for k, r in st.marker.manifest.objects.items()
                 if k in now and now[k].size == r.size and now[k].version is not None}
-        # Invalidate before touching anything: a reader must never see the old marker
-        # over data that is being changed.
-        entry.adapter.delete([entry.layout.marker])
-        return False, seed, {k: now[k].version for k in seed}
+        # The marker goes in `start`, once this writer is announced and alone.
+        return False, seed, {k: now[k].version for k in seed}, st.marker.attempt
     if st.state is State.COMPLETE:
         if not overwrite:
             raise AlreadyCompleteError(f"{entry.url} is already COMPLETE ({st.reason})",
@@ -178,7 +211,7 @@ def _check_and_clear(entry: Entry, keep_lease: bool, *, overwrite: bool, resume:
         if overwrite:
             _clear(entry)
         elif resume:
-            return False, {}, {}
+            return False, {}, {}, None
         elif update:
             # Taken as a resume, a rerun of a killed append (xarray's append_dim,
             # zarr's Array.append) appended after the length the killed attempt had
@@ -204,12 +237,22 @@ def _check_and_clear(entry: Entry, keep_lease: bool, *, overwrite: bool, resume:
                         f"{entry.url} is INCOMPLETE: {expired}: a killed or stopped "
                         "writer's leftover. Pass overwrite=True or resume=True to take "
                         "it over", url=entry.url)
+            mine = {f"attempts/{own_attempt}.json"}
+            if not st.racing and not set(entry.adapter.list(entry.layout.records)) - mine:
+                # `durable clean` leaves data with no durable records alone: sent there,
+                # the user found nothing removed and no way on.
+                raise IncompleteExistsError(
+                    f"{entry.url} is INCOMPLETE: data with no durable records and no commit "
+                    "marker, written without durable (or by a tool that leaves no records). "
+                    "If it is whole, adopt it with Entry.mark_complete() (`durable "
+                    "mark-complete`); else start over with overwrite=True, or finish it "
+                    "with resume=True", url=entry.url)
             raise (_RacedStart if st.racing else IncompleteExistsError)(
                 f"{entry.url} is INCOMPLETE ({st.reason}): a killed writer's leftover or "
                 "a writer still at work. Resolve it with Entry.delete() or "
                 "`durable clean` once nothing writes it, or pass overwrite=True / "
                 "resume=True", url=entry.url)
-    return True, {}, {}
+    return True, {}, {}, None
 
 
 def _clear(entry: Entry, marker: Marker | None = None) -> None:
@@ -303,7 +346,9 @@ def commit(entry: Entry, writer: EntryWriter, unrecorded: Literal["adopt", "erro
     # housekeeping the caller does not wait for (a round trip on an object store). It
     # is handed over after the marker's PUT returned: a failing racer that finds no
     # attempt record finds the marker.
-    spent = ([entry.layout.attempt_record(writer.attempt), *writer._spent]
+    # Only what is named by this attempt: a record named by key (zarr's staged metadata
+    # once) would be the next writer's by the time this runs.
+    spent = ([entry.layout.attempt_record(writer.attempt)]
              + [i.path for i in fragments.values()])
     pruned = fragments_dir(entry.layout.records, writer.attempt) if fragments else None
 

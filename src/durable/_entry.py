@@ -25,6 +25,8 @@ from durable._checks import (
     VerifyReport,
     checksum_all,
     deep_problem,
+    missing,
+    missing_problem,
     report_error,
 )
 from durable._commit import clear_records, commit, dirs_of, start, write_marker
@@ -34,6 +36,7 @@ from durable._errors import (
     IncompleteError,
     IncompleteExistsError,
     MarkerError,
+    UnsupportedError,
 )
 from durable._nesting import (
     delete_tree,
@@ -50,8 +53,10 @@ from durable._protocol import (
     Marker,
     ObjectRecord,
     State,
+    attempt_folders,
     carries_record,
     check_key,
+    is_attempt_record,
     new_attempt_id,
 )
 from durable._writer import EntryWriter
@@ -215,7 +220,9 @@ class Entry:
             info = None if linked else self.adapter.info(path)
             want = marker.manifest.objects[key].size
             if info is None:
-                return f"{self.adapter.url(path)} is listed in the marker but missing"
+                found = missing(self.adapter, path)
+                return (f"{self.adapter.url(path)} is listed in the marker but "
+                        + ("missing" if found == "missing" else f"is {found}"))
             if info.size != want:
                 return (f"{self.adapter.url(path)} is {info.size} bytes, the marker recorded "
                         f"{want}")
@@ -316,7 +323,7 @@ class Entry:
                 records = self.adapter.list(self.layout.records)
             self._refuse_marker_prefix(records)
             return Status(State.INCOMPLETE, "data present but no commit marker"
-                          + _started(records, own_attempt))
+                          + _started(records, own_attempt) + self._attempt_folders(records))
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
         if records is None:
             # A listing, not exists(): the records dir is never an object (no HEAD needed).
@@ -348,8 +355,17 @@ class Entry:
                                             f"it may be at work right now ({where})",
                           racing=racing)
         if others:
-            return Status(State.INCOMPLETE, "a writer started but has not committed")
+            odd = self._attempt_folders(records)
+            if odd and all(k.startswith("attempts/") and k.count("/") > 1 for k in others):
+                return Status(State.INCOMPLETE, "records but no commit marker and no data"
+                                                + odd)
+            return Status(State.INCOMPLETE, "a writer started but has not committed" + odd)
         return Status(State.ABSENT, "no marker and no data")
+
+    def _attempt_folders(self, records: dict[str, ObjectInfo]) -> str:
+        """`attempt_folders` of the records listed, as a reason's last part."""
+        odd = attempt_folders(records, lambda k: self.adapter.url(f"{self.layout.records}/{k}"))
+        return f"; {odd}" if odd else ""
 
     def state(self) -> State:
         """ABSENT, INCOMPLETE or COMPLETE; a corrupt marker raises MarkerError."""
@@ -418,7 +434,7 @@ class Entry:
             report.objects += 1
             found = listing.get(key)
             if found is None:
-                report.problems.append(Problem(key, url, "missing", expected=rec.size))
+                report.problems.append(missing_problem(self.adapter, key, path, rec.size))
             elif found.size != rec.size:
                 report.problems.append(Problem(key, url, "size", rec.size, found.size))
             elif deep:
@@ -445,7 +461,8 @@ class Entry:
         """Adopt data written without `durable`: checksum what is there, write the marker.
 
         It trusts what it adopts: run it only when nothing is writing the entry. A started
-        but uncommitted `durable` writer is refused unless ``force=True``.
+        but uncommitted `durable` writer is refused unless ``force=True``; a folder holding
+        symlinks, always (UnsupportedError naming one: durable follows no link).
         """
         self.layout.refuse_inside_records()
         # Its marker would be a new object in the data of the committed entry around it.
@@ -473,6 +490,17 @@ class Entry:
                        if TMP_MARK not in k.rpartition("/")[2]}
             for k in listing:
                 check_key(k, self.url)
+            # Listings skip links: the entry was adopted without them and read COMPLETE,
+            # whole (`durable mark-complete ROOT` skips such folders; this is its Python
+            # way in). One walk on a local disk; no request elsewhere.
+            links = self.adapter.links_below(self.path)
+            if links:
+                more = f" ({len(links) - 1} more: {', '.join(links[1:4])})" if links[1:] else ""
+                raise UnsupportedError(
+                    f"{self.adapter.url(f'{self.path}/{links[0]}')} is a symlink: durable "
+                    f"follows no link, so a marker over {self.url} would leave it out, and "
+                    f"the entry would read COMPLETE without it{more}; replace each link with "
+                    "what it points to, or remove it")
         records = checksum_all(self.adapter, listing, workers)
         self.adapter.sync([i.path for i in listing.values()], dirs_of(self, listing))
         return write_marker(self, Marker.new(kind, new_attempt_id(), Manifest(records)))
@@ -521,7 +549,8 @@ class Entry:
           removed first, the old manifest seeds the new one (untouched objects are not
           re-read), and the entry is INCOMPLETE until the new commit. An ABSENT entry is
           written as usual; an INCOMPLETE one is IncompleteExistsError (a rerun of a
-          killed append, taken as a resume, would append after what it had added).
+          killed append, taken as a resume, would append after what it had added), and
+          so is one another update started on at the same moment.
         - Inside a committed entry (a path under a directory or prefix with a commit
           marker): EntryExistsError naming both; this entry would change that one's data.
         - ``unrecorded``: objects that appear in the entry without passing through the
@@ -581,8 +610,7 @@ class Entry:
                     self.adapter.delete_prefix(self.path)
                     clear_records(self)
                 else:
-                    self.adapter.delete([self.layout.attempt_record(writer.attempt),
-                                         *writer._spent])
+                    self.adapter.delete([self.layout.attempt_record(writer.attempt)])
             raise
 
     def _is_lease_key(self, key: str) -> bool:
@@ -600,6 +628,5 @@ def _started(records: dict[str, ObjectInfo] | None, own_attempt: str | None) -> 
     operators to `mark-complete` a killed writer's leftover (``records``: None if not
     listed)."""
     mine = f"attempts/{own_attempt}.json"
-    n = sum(1 for k in records or () if k.startswith("attempts/") and k.endswith(".json")
-            and k != mine)
+    n = sum(1 for k in records or () if is_attempt_record(k) and k != mine)
     return f"; a writer started but has not committed (attempt records: {n})" if n else ""

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from durable._checks import Problem, VerifyReport, deep_problem
+from durable._checks import Problem, VerifyReport, deep_problem, missing_problem
 from durable._entry import Entry
 from durable._errors import (
     AlreadyCompleteError,
@@ -56,7 +56,7 @@ from durable._scan import (
     stat_objects,
 )
 from durable.adapters import ObjectInfo
-from durable.adapters.base import Upload
+from durable.adapters.base import Adapter, Upload, VersionMismatchError
 from durable.adapters.local import DEL_MARK
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,9 @@ def _compare(sv: Survey, key: str, marker: Marker,
         report.objects += 1
         found = listing.get(k)
         if found is None:
-            report.problems.append(Problem(k, url, "missing", expected=rec.size))
+            report.problems.append(missing_problem(sv.adapter, k,
+                                                   layout.object_path(k, marker.kind),
+                                                   rec.size))
         elif found.size != rec.size:
             report.problems.append(Problem(k, url, "size", rec.size, found.size))
         elif report.deep:
@@ -338,9 +340,10 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
         elif f.lease is not None:
             skipped.append(Skipped(url, "a writer holds (or held) a lease on it"))
         elif f.records:
+            odd = sv.attempt_folders(key)
             skipped.append(Skipped(url, f"has durable records but no marker "
-                                        f"({', '.join(sorted(f.records)[:3])}); see "
-                                        "`durable status`"))
+                                        f"({', '.join(sorted(f.records)[:3])})"
+                                        + (f": {odd}" if odd else "; see `durable status`")))
         elif f.recorded:
             skipped.append(Skipped(url, _holds_recorded(sv, f)))
         elif not f.objects:
@@ -393,12 +396,10 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
 
 
 def _links_among(sv: Survey, key: str) -> list[str]:
-    """The symlinks (on a local disk) in the folders of the unmarked entry at ``key`` that
-    hold its objects: listings skip them, so adopting it recorded the entry without them
-    ("1 objects" for a folder of two files, one a link), and it read COMPLETE, whole."""
-    folders = {""} | {k.rpartition("/")[0] for k in sv.data(key) if "/" in k}
-    return sorted(f"{d}/{name}" if d else name for d in folders
-                  for name in sv.adapter.links_in(f"{sv.entry_path(key)}/{d}".rstrip("/")))
+    """The symlinks (on a local disk) at any depth in the unmarked entry at ``key``:
+    listings skip them, so adopting it recorded the entry without them ("1 objects" for a
+    folder of two files, one a link), and it read COMPLETE, whole."""
+    return [] if key in sv.listing else list(sv.adapter.links_below(sv.entry_path(key)))
 
 
 def _holds_recorded(sv: Survey, f: EntryFound) -> str:
@@ -642,6 +643,8 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             reason = f"records of an entry whose data is gone, no marker, {since}"
         if f.lease is not None:
             reason += f"; {states[key][1]}"
+        if odd := sv.attempt_folders(key):
+            reason += f"; {odd}"
         items.append(CleanItem(kind, url, reason, age, f.objects, f.size, key=key,
                                expect={k: i.version for k, i in f.records.items()}))
 
@@ -659,7 +662,13 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         times = [i.modified for i in spent.values() if i.modified is not None]
         age = age_since(max(times)) if len(times) == len(spent) else None
         state = states.get(key)
-        why = ((state[1] if state is not None and state[0] != "stale" else None)
+        owner = _committed_owner(sv, key)
+        # Inside a committed entry its records are that entry's data (a manifest lists
+        # them when they were there at its commit): removed, that entry lost objects it
+        # committed, and read INCOMPLETE.
+        why = ((f"inside the committed entry {sv.url(owner)}, whose data they are"
+                if owner is not None else None)
+               or (state[1] if state is not None and state[0] != "stale" else None)
                or old(age, "last written (store's clock)"))
         if why is not None:
             kept.append(Skipped(f"{url} (records beside its marker)", why))
@@ -774,15 +783,23 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     if item.kind == "spent":
         # Only the records planned, only while the marker they sit beside is still there
         # (gone: a writer is rewriting the entry) and each is as it was listed.
-        listed = a.list(layout.records)
-        if MARKER_NAME not in listed:
-            item.status, item.detail = "skipped", "its marker is gone since the plan"
-            return
-        if any(k not in listed or listed[k].version != v for k, v in item.expect.items()):
-            item.status, item.detail = "skipped", "its records changed since the plan"
-            return
-        a.delete([listed[k].path for k in item.expect])
-        item.status = "removed"
+        # Under the lease's lock, as an entry's records below: two cleans removing the
+        # same records each reported "removed".
+        with a.exclusive(layout.lease) as locked:
+            listed = a.list(layout.records)
+            if MARKER_NAME not in listed:
+                item.status, item.detail = "skipped", "its marker is gone since the plan"
+                return
+            if not set(item.expect) & set(listed):
+                item.status, item.detail = "skipped", _GONE
+                return
+            if any(k not in listed or listed[k].version != v
+                   for k, v in item.expect.items()):
+                item.status, item.detail = "skipped", "its records changed since the plan"
+                return
+            ours = _claim(a, {k: listed[k] for k in item.expect}, locked)
+        item.status, item.detail = ("removed", "") if ours else (
+            "skipped", _GONE if ours is False else "its records changed since the plan")
         return
     # Marker first: an entry committed since the plan is never touched. `exists`, not
     # `info`: anything at the marker's path (on a local disk a symlink or a directory,
@@ -793,6 +810,9 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         return
     # A changed record (a new attempt, a renewed lease) is a writer at work.
     now = {k: i.version for k, i in a.list(layout.records).items()}
+    if not now and item.expect:
+        item.status, item.detail = "skipped", _GONE
+        return
     if now != item.expect:
         item.status, item.detail = ("skipped", "its records changed since the plan (a "
                                     "writer at work?)")
@@ -837,18 +857,55 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     # Under the lease's lock (`remove_records`'s reason): a renewal of a lease judged
     # stale, between its check and its rename, would put it back after the delete. (With
     # no lease too: on a local disk the lock's sidecar goes with the records it guarded.)
-    with a.exclusive(layout.lease):
+    with a.exclusive(layout.lease) as locked:
         listed = a.list(layout.records)
         planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
-        a.delete([i.path for i in planned.values()])
+        ours = _claim(a, planned, locked)
     kept = sorted(set(listed) - set(planned))
     a.prune(layout.records)
-    if kept:
+    if not ours and not kept:
+        # Another clean of the same root removed them first (both passed the checks
+        # above): one removal, reported once, not by both.
+        item.status, item.detail = "skipped", _GONE
+        return
+    if kept or ours is None:
+        kept = kept or [k for k in planned if a.info(planned[k].path) is not None][:1]
         item.status, item.detail = "failed", (
             "a writer started while its data was being removed; its records are kept ("
             + ", ".join(a.url(f"{layout.records}/{k}") for k in kept[:3]) + ")")
         return
     item.status = "removed"
+
+
+#: Why an item found gone at its removal is skipped.
+_GONE = "already removed since the plan (by another clean of this root, or a delete)"
+
+
+def _claim(a: Adapter, planned: dict[str, ObjectInfo], locked: bool) -> bool | None:
+    """Delete the records ``planned``: True if this run removed them, False if another
+    run had (nothing planned was left), None if one was rewritten meanwhile (a writer's:
+    nothing more is deleted).
+
+    Two cleans of one root both pass every check before this point: each reported
+    "removed" for one removal. Under a lock (``locked``: a local disk, memory) the
+    listing just taken decides. Elsewhere one record is deleted conditionally first, on
+    its planned version: of racing cleans exactly one succeeds and deletes the rest;
+    where the store enforces no conditional delete (gcp-storage-emulator) both may still
+    say so.
+    """
+    if not planned:
+        return False
+    first, *rest = sorted(planned)
+    version = planned[first].version
+    if not locked and version is not None and a.supports_conditional(planned[first].path):
+        try:
+            a.delete_if(planned[first].path, version)
+        except VersionMismatchError:
+            return None if a.info(planned[first].path) is not None else False
+        a.delete([planned[k].path for k in rest])
+        return True
+    a.delete([i.path for i in planned.values()])
+    return True
 
 
 def fmt_age(seconds: float) -> str:

@@ -36,7 +36,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,8 +55,10 @@ __all__ = [
     "Marker",
     "ObjectRecord",
     "State",
+    "attempt_folders",
     "carries_record",
     "check_key",
+    "is_attempt_record",
     "new_attempt_id",
     "record_fields",
 ]
@@ -207,7 +209,8 @@ class ObjectRecord:
         """``where [key]`` names the record in messages (formatted only for a bad record:
         a marker of 10,000 records would format 10,000 names)."""
         if (type(value) is dict and len(value) == 2 and type(size := value.get("size")) is int
-                and size >= 0 and type(crc := value.get("crc32c")) is str and len(crc) == 8
+                and 0 <= size <= _MAX_OBJECT_SIZE and type(crc := value.get("crc32c")) is str
+                and len(crc) == 8
                 and not crc.strip(_HEX_DIGITS)):
             return cls(size, int(crc, 16))  # the common record, checked in one expression
         if key is not None:
@@ -215,9 +218,13 @@ class ObjectRecord:
         if not isinstance(value, dict):
             raise MarkerError(f"{where}: object record must be a JSON object", url=where)
         size = value.get("size")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise MarkerError(f"{where}: size must be a non-negative integer, got {size!r:.40}",
-                              url=where)
+        if (not isinstance(size, int) or isinstance(size, bool)
+                or not 0 <= size <= _MAX_OBJECT_SIZE):
+            # Beyond any object (as the metadata record's size is refused): a size of 10**500
+            # made `durable status` fail formatting it ("unexpected error: OverflowError").
+            raise MarkerError(f"{where}: size must be a non-negative integer up to "
+                              f"{_MAX_OBJECT_SIZE}, got {size!r:.40}", url=where,
+                              expected=f"0 to {_MAX_OBJECT_SIZE}", found=f"{size!r:.40}")
         try:
             crc = crc_from_hex(value.get("crc32c"))
         except ValueError as exc:
@@ -529,6 +536,33 @@ class Layout:
     def object_path(self, key: str, kind: Kind) -> str:
         """The path of a manifest key; the key was checked by `check_key` on decode."""
         return self.root if kind == "object" else f"{self.root}/{key}"
+
+
+def is_attempt_record(key: str) -> bool:
+    """Whether ``key`` (relative to an entry's records directory) names an attempt record:
+    ``attempts/<id>.json``, directly in ``attempts/``."""
+    parts = key.split("/")
+    return len(parts) == 2 and parts[0] == "attempts" and parts[1].endswith(".json")
+
+
+def attempt_folders(keys: Iterable[str], url: Callable[[str], str]) -> str:
+    """What the reason of an unmarked entry adds for objects stored below a name in its
+    ``attempts/`` (``attempts/<id>.json/x``: an attempt record made a directory, a hostile or
+    corrupt layout), naming the first; "" if there are none. ``keys``: its records
+    directory's, relative to it; ``url``: a key's URL.
+
+    `durable status` said "data present but no commit marker" (or "a writer started")
+    where `durable clean` planned "records but no marker", and mark-complete sent the user
+    to `durable status` to see records it never named: every command says this instead.
+    """
+    below = sorted(k for k in keys if k.startswith("attempts/") and k.count("/") > 1)
+    if not below:
+        return ""
+    folder = "/".join(below[0].split("/")[:2])
+    more = len({"/".join(k.split("/")[:2]) for k in below}) - 1
+    return (f"{url(folder)} is a directory (holding {url(below[0])}), not an attempt record "
+            "file: no durable writer made it (a hostile or corrupt layout)"
+            + (f", and {more} more" if more else ""))
 
 
 def writer_info() -> dict[str, Any]:

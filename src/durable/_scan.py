@@ -71,6 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from durable._checks import missing
 from durable._entry import Entry
 from durable._errors import DurableError, MarkerError
 from durable._lease import stated_stale_after
@@ -80,6 +81,7 @@ from durable._protocol import (
     RECORDS_DIR,
     Layout,
     Marker,
+    attempt_folders,
     carries_record,
 )
 from durable.adapters import Adapter, ObjectInfo, resolve
@@ -107,8 +109,8 @@ def size_mismatches(adapter: Adapter, marker: Marker, listing: dict[str, ObjectI
                                    strict=True):
         info = listing.get(key)
         if info is None:
-            bad.append(f"{adapter.url(path)} is missing (the marker recorded {rec.size} "
-                       "bytes)")
+            bad.append(f"{adapter.url(path)} is {missing(adapter, path)} (the marker "
+                       f"recorded {rec.size} bytes)")
         elif info.size != rec.size:
             bad.append(f"{adapter.url(info.path)} is {info.size} bytes, the marker "
                        f"recorded {rec.size}")
@@ -223,6 +225,12 @@ class Survey:
         lo = bisect.bisect_left(self._keys, prefix)
         hi = bisect.bisect_left(self._keys, prefix + "\U0010ffff")
         return {k[len(prefix):]: self.listing[k] for k in self._keys[lo:hi]}
+
+    def attempt_folders(self, key: str) -> str:
+        """`attempt_folders` of the entry at ``key``'s records, naming them ("" if none)."""
+        records = self.layout(key).records
+        return attempt_folders(self.entries[key].records,
+                               lambda k: self.adapter.url(f"{records}/{k}"))
 
     def owners(self, key: str) -> list[str]:
         """Entries that hold ``key`` as data or as records, outermost first."""
@@ -371,7 +379,7 @@ def survey(adapter: Adapter, path: str, *,
     """One listing of the root ``path`` (and of the root's own records): the entries in it.
 
     ``listing``: ``adapter.list(path)`` if the caller has just made it. FileNotFoundError
-    if nothing exists at ``path``.
+    if nothing exists at ``path`` (no object, no folder, no unfinished upload).
     """
     path = path.rstrip("/") or path
     if listing is None:
@@ -387,7 +395,9 @@ def survey(adapter: Adapter, path: str, *,
             # The root is a single-object entry: its one object is the root itself.
             single = adapter.info(path)
             listing = {"": single} if single is not None else {}
-    elif not listing and not adapter.exists(path):
+    elif not listing and not adapter.exists(path) and not adapter.list_uploads(path):
+        # Uploads are looked for first: a writer killed mid-upload, alone under the root
+        # (a run's first checkpoint), left parts no listing shows, billed until aborted.
         raise FileNotFoundError(f"{adapter.url(path)}: no such directory or prefix")
 
     temps = {}
@@ -673,6 +683,8 @@ def _row(sv: Survey, key: str, f: EntryFound, rec: Records, now: float) -> ScanR
                            f"{len(f.attempts)})")
         if not reasons:
             reasons.append("records but no commit marker and no data")
+        if odd := sv.attempt_folders(key):
+            reasons.append(odd)
         if f.recorded:
             reasons.append(f"{len(f.recorded)} objects in it carry their own commit "
                            "records: entries of their own")

@@ -153,8 +153,11 @@ def _is_ndarray(value: Any) -> bool:
     # as a plain ndarray, its mask or its semantics gone without a word. Not holding
     # objects anywhere: a structured dtype with an object field is not of kind "O", and
     # numpy.save refused it after the computation, even with pickle=True.
+    # A memmap (np.load(..., mmap_mode="r") sliced) is an array whose bytes say all it is:
+    # stored, it comes back as the plain array it holds.
     cls = _loaded("numpy", "ndarray")
-    return cls is not None and type(value) is cls and not value.dtype.hasobject
+    return (cls is not None and type(value) in (cls, _loaded("numpy", "memmap"))
+            and not value.dtype.hasobject)
 
 
 def _npy_dumps(value: Any) -> bytes:
@@ -200,7 +203,21 @@ def _npy_loads(data: bytes | bytearray) -> Any:
 
 def _is_frame(value: Any) -> bool:
     cls = _loaded("pandas", "DataFrame")  # exactly: a subclass would come back as a frame
-    return cls is not None and type(value) is cls
+    return cls is not None and type(value) is cls and _parquet_changes(value) is None
+
+
+def _parquet_changes(frame: Any) -> str | None:
+    """What of ``frame`` parquet would bring back as something else, naming the column;
+    None if nothing. Cells that are lists or tuples come back as NumPy arrays: a column of
+    token lists then took ``tokens + [eos]`` for an elementwise sum, without a word."""
+    for name, column in frame.items():
+        if column.dtype != object:
+            continue
+        for cell in column:
+            if type(cell) in (list, tuple):
+                return (f"its column {name!r} holds Python {type(cell).__name__}s, which "
+                        "parquet brings back as NumPy arrays")
+    return None
 
 
 def _parquet_dumps(value: Any) -> bytes:
@@ -371,6 +388,8 @@ def choose(value: Any, *, name: str | None, allow_pickle: bool) -> Serializer:
             return ser
     # A list or dict that is almost JSON: the element in the way, not only the container.
     inside = f" ({_not_json(value)})" if type(value) in (list, dict) else ""
+    if _loaded("pandas", "DataFrame") is type(value):
+        inside = f" ({_parquet_changes(value)})"
     if _loaded("numpy", "ndarray") is type(value) and value.dtype.hasobject:
         # "return ... a NumPy array" alone reads as a contradiction for one.
         inside = f" (its dtype {value.dtype} holds Python objects, which only pickle stores)"
@@ -400,4 +419,9 @@ def load_value(entry: Entry, manifest: Manifest, *, allow_pickle: bool) -> Any:
         raise MarkerError(f"{entry.url}: not a durable.cached entry (its manifest holds "
                           f"{len(values)} 'value.*' results, expected 1)", url=entry.url)
     key = values[0]
-    return by_name(key[len("value."):], allow_pickle=allow_pickle).load(entry, key, manifest)
+    try:
+        ser = by_name(key[len("value."):], allow_pickle=allow_pickle)
+    except UnsupportedError as exc:
+        # Which entry: a job reading thousands was told only "this entry holds a pickle".
+        raise UnsupportedError(f"{entry.url}: {exc}") from None
+    return ser.load(entry, key, manifest)

@@ -22,8 +22,8 @@ from durable._checksum import Checksum, crc_to_hex
 from durable._checksum import crc32c as crc32c_of
 from durable._error_document import ERROR_DOC_LIMIT, error_document, refuse_error_document
 from durable._errors import IncompleteError, IntegrityError
-from durable._nesting import nearest_marked
-from durable._protocol import Marker, ObjectRecord, State
+from durable._nesting import levels, nearest_marked
+from durable._protocol import Layout, Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters._ranged import seek_position
 
@@ -76,6 +76,13 @@ def find_record(adapter: Adapter, path: str, info: ObjectInfo | None = None, *,
     if rec is None:
         if key == "":
             return None
+        if info is None and (stat_taken or adapter.info(path) is None):
+            # Neither there nor committed: not found, as through durable:: and on any file
+            # system. An IntegrityError (an OSError) went past `except FileNotFoundError`
+            # around a probe for an optional file of a checkpoint.
+            raise FileNotFoundError(errno.ENOENT, "no such object, and none in the "
+                                    f"manifest of the committed entry {entry.url}",
+                                    adapter.url(path))
         raise IntegrityError(
             f"{adapter.url(path)} is not in the manifest of the committed entry "
             f"{entry.url}: not part of what was committed", url=adapter.url(path),
@@ -200,11 +207,30 @@ def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
         finally:
             if body is None:
                 f.close()
+    started = _started_above(adapter, path)
+    if started is not None:
+        # A reader while the writer works (or after it was killed): "adopt it with
+        # Entry.mark_complete()" was advice to call a partial checkpoint whole.
+        raise IncompleteError(
+            f"{url}: it is in {started}, which a durable writer started and has not "
+            "committed (INCOMPLETE: at work, or killed): nothing vouches for it yet; read "
+            "it once that entry is COMPLETE (durable.Entry(url).state())", url=url,
+            state=State.INCOMPLETE)
     raise IncompleteError(
         f"{url}: no commit record covers this object, so there is nothing to verify it "
         "against (write it with durable.atomic_write or Entry.writing(), adopt it with "
         "Entry.mark_complete(), or pass expected_size=/expected_crc32c=)", url=url,
         state=State.INCOMPLETE)
+
+
+def _started_above(adapter: Adapter, path: str) -> str | None:
+    """The URL of the nearest folder above ``path`` that a durable writer started on and
+    has not committed (its attempt records are there); None if none. A listing per
+    folder, on this failure path only."""
+    for folder, key in levels(path):
+        if key and adapter.list(Layout(folder).attempts):
+            return adapter.url(folder)
+    return None
 
 
 def read_verified(url: str, *, storage_options: dict[str, Any] | None = None,

@@ -8,6 +8,7 @@ that wrote them. The commit (`durable._commit`) turns those records into the man
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -45,6 +46,12 @@ class EntryWriter:
         # The files handed out, to see any still open when the block ends (weak: one that
         # was dropped unclosed is aborted by its own finalizer).
         self._writing: weakref.WeakSet[AtomicFile] = weakref.WeakSet()
+        # ... and those dropped unclosed, key -> the order it was opened in: `np.save(
+        # w.fs.open(p, "wb"), a)` published nothing, and the entry was committed without
+        # that object. Not lost if a file of that key opened later was committed (a retry).
+        self._opened = itertools.count()
+        self._dropped: dict[str, int] = {}
+        self._committed: dict[str, int] = {}
         self._lease: Lease | None = None
         self._listing: dict[str, ObjectInfo] | None = None
         self._records_listing: dict[str, ObjectInfo] | None = None
@@ -52,7 +59,6 @@ class EntryWriter:
         self._from_records = False
         # Objects whose bytes are being made durable already (`sync_soon`): key -> futures
         self._syncing: dict[str, Future[None]] = {}
-        self._spent: list[str] = []
         self.fs = RecordingFileSystem(self)
 
     def key_of(self, path: str) -> str:
@@ -95,6 +101,11 @@ class EntryWriter:
             self._syncing.pop(key, None)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
+        order = next(self._opened)
+
+        def dropped(af: AtomicFile) -> None:
+            self._dropped[key] = max(order, self._dropped.get(key, -1))
+
         def committed(af: AtomicFile) -> None:
             # Written in parts: probed as atomic_write probes (incident 002), else the
             # commit's listing took an object short by a part for whole.
@@ -105,8 +116,10 @@ class EntryWriter:
                 key, af.checksum.size, af.checksum.crc,
                 version=af.info.version if af.info else None,
                 tail=ObjectRecord.of(af.checksum.size, af.checksum.crc, af.checksum.ending).tail)
+            self._committed[key] = max(order, self._committed.get(key, -1))
 
         f.on_commit = committed
+        f.on_drop = dropped
         self._writing.add(f)
         return f
 
@@ -114,19 +127,30 @@ class EntryWriter:
         """At the end of the block, before the commit: an object opened through the writer
         and neither closed nor aborted is still being written (a file left open, a thread
         still at work). The commit would take its temp file for a killed writer's leftover
-        and commit the entry without it; it is aborted here, and the commit refused."""
+        and commit the entry without it; it is aborted here, and the commit refused. So is
+        one dropped unclosed, which its finalizer aborted: the entry would lack it too."""
         unfinished = [f for f in list(self._writing) if not f.done]
-        if not unfinished:
+        lost = [k for k, n in sorted(self._dropped.items())
+                if self._committed.get(k, -1) < n]
+        if not unfinished and not lost:
             return
         for f in unfinished:
             with contextlib.suppress(Exception):
                 f.abort()
-        names = ", ".join(self.entry.adapter.url(f.path) for f in unfinished[:5])
+        problems = []
+        if unfinished:
+            names = ", ".join(self.entry.adapter.url(f.path) for f in unfinished[:5])
+            problems.append(f"{len(unfinished)} object(s) opened in the writing() block "
+                            f"still open when it ended: {names}")
+        if lost:
+            names = ", ".join(self.entry.adapter.url(f"{self.path}/{k}") for k in lost[:5])
+            problems.append(f"{len(lost)} object(s) opened in the writing() block "
+                            f"dropped without close(), so never published: {names}")
         raise IntegrityError(
-            f"{self.url}: not committing: {len(unfinished)} object(s) opened in the "
-            f"writing() block still open when it ended: {names} (close each file, and "
-            "let every thread writing finish, inside the block)", url=self.url,
-            expected="every object closed", found=f"{len(unfinished)} open")
+            f"{self.url}: not committing: {'; '.join(problems)} (close each file, best in "
+            "a `with` block, and let every thread writing finish, inside the block)",
+            url=self.url, expected="every object closed",
+            found=f"{len(unfinished)} open, {len(lost)} dropped")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         with self.open(key) as f:
@@ -224,11 +248,6 @@ class EntryWriter:
         started = self.entry.adapter.sync_soon([f"{self.path}/{k}" for k in keys])
         with self._lock:
             self._syncing.update(zip(keys, started, strict=False))
-
-    def remove_when_done(self, paths: list[str]) -> None:
-        """Records of this attempt (paths in the records dir) that have served their
-        purpose: removed with the attempt record when the block ends (one request)."""
-        self._spent.extend(paths)
 
     def forget(self, key: str) -> None:
         with self._lock:

@@ -38,7 +38,8 @@ class Staged:
     staging may hold copies, which are removed at publish and never published.
 
     ``hidden`` (an update): the documents `WritingStore.hide_metadata` took out of the
-    entry, as they were committed; ``wrote_data``: a chunk write or delete into the entry
+    entry, as they were committed, less those deleted through the store since (each must
+    be in staging at publish); ``wrote_data``: a chunk write or delete into the entry
     was tried (or the store went to another process, which may have). While it is False
     the entry's chunks are the last commit's, and an update given up puts ``hidden`` back
     (`WritingStore.restore`).
@@ -91,17 +92,19 @@ class Staged:
         head = prefix.rstrip("/")
         return [k for k in list(self.docs) if not head or k.startswith(f"{head}/")]
 
-    def forget(self, prefix: str) -> bool:
+    def forget(self, prefix: str, *, deleted: bool = False) -> bool:
         """Drop the documents at or below ``prefix`` ("" for all); whether staging may hold
         copies of them, to be removed there too: always unless deferred, and while deferred
         after a failed hand-off (which may have put some). Decided under the lock: a
         hand-off on another thread either staged a document before (then this says so) or
-        never sees it, so a deleted node is never published from a staged copy."""
+        never sees it, so a deleted node is never published from a staged copy.
+        ``deleted``: zarr deleted them, so those ``hidden`` are no longer due at publish."""
         head = prefix.rstrip("/")
         with self.lock:
-            for key in [k for k in self.docs
-                        if not head or k == head or k.startswith(f"{head}/")]:
-                del self.docs[key]
+            for held in (self.docs, self.hidden) if deleted else (self.docs,):
+                for key in [k for k in held
+                            if not head or k == head or k.startswith(f"{head}/")]:
+                    del held[key]
             return not self.deferred or self.touched
 
 

@@ -21,7 +21,8 @@ the store never left this process, the LIST at publish is of the records, not th
 (`EntryWriter.commit_from_records`): one small request instead of one per 1,000 chunks. Staged
 eagerly (`writing()` by default, or once handed to another process), each document is
 also PUT into staging, and the publish lists the records (another writer's marker, what
-is staged; the commit reuses the listing): 9. Deferred, that LIST is skipped only where
+is staged; the commit reuses the listing), and the staged copies are removed before
+the marker: 10. Deferred, that LIST is skipped only where
 the store enforces create-only: the marker then decides a race, as in the commit; where
 it does not, the LIST is what stops a writer publishing over another's committed chunks.
 The looks cost nothing here: the coordinator of a fresh write keeps what it staged and
@@ -51,7 +52,7 @@ from zarr.storage import LocalStore, WrapperStore
 
 from durable._checksum import crc32c
 from durable._entry import Entry
-from durable._errors import AlreadyCompleteError
+from durable._errors import AlreadyCompleteError, IntegrityError
 from durable._fragments import FragmentRecorder
 from durable._protocol import MARKER_NAME, ObjectRecord
 from durable._writer import EntryWriter
@@ -358,7 +359,7 @@ class WritingStore(WrapperStore[Store]):
         # zarr deletes chunks equal to the fill value and chunks a resize cut off.
         self._check_open()
         with _writing_for(self._attempt, self._url):
-            if is_metadata(key) and self._staged.forget(key):
+            if is_metadata(key) and self._staged.forget(key, deleted=True):
                 with self._staging_changes(key):
                     await self._staging.delete(key)
             self._staged.wrote_data = True
@@ -370,7 +371,7 @@ class WritingStore(WrapperStore[Store]):
         keys = [k async for k in self._store.list_prefix(prefix)]
         self._staged.wrote_data = True
         await self._store.delete_dir(prefix)
-        if self._staged.forget(prefix):
+        if self._staged.forget(prefix, deleted=True):
             with self._staging_changes(prefix):
                 await self._staging.delete_dir(prefix)
         for key in keys:
@@ -469,10 +470,10 @@ class WritingStore(WrapperStore[Store]):
     def publish(self, writer: EntryWriter | None = None, *, sole_writer: bool = False) -> None:
         """Copy every staged metadata document into the entry (recorded), then drop staging.
 
-        Called by `writing` after the last chunk and before the marker; idempotent. With
-        the ``writer`` on an object store, the staged copies go with the writer's attempt
-        record after the marker (one request for both), not now. ``sole_writer``: every
-        object of the entry was written through this store (`coordinating`).
+        Called by `writing` after the last chunk and before the marker; idempotent. The
+        staged copies are removed before it returns (staging holds the next update's
+        documents under the same names once the marker is written). ``sole_writer``:
+        every object of the entry was written through this store (`coordinating`).
         """
         entry = Entry(self._url, storage_options=self._storage_options)
         local = isinstance(self._store, LocalStore)
@@ -490,11 +491,11 @@ class WritingStore(WrapperStore[Store]):
                 # that staged nothing leaves it alone: what is there is another writer's
                 # (one that started after this one with overwrite=True).
                 entry.adapter.delete_prefix(staging)
-        elif writer is not None:
-            # Published and recorded: a staged copy left by a crash before the marker is
-            # the same document, and one left under a marker is inert.
-            writer.remove_when_done([f"{staging}/{key}" for key in staged])
         elif staged:
+            # Now, before the marker: not as housekeeping after it, where it removed by name
+            # the documents an update begun meanwhile had staged under the same names
+            # (the next step of a script, another process), and that update committed
+            # COMPLETE without them. A crash before the marker leaves the published copies.
             entry.adapter.delete([f"{staging}/{key}" for key in staged])
         if isinstance(self._recorder, FragmentRecorder):
             self._recorder.flush()
@@ -598,6 +599,15 @@ class WritingStore(WrapperStore[Store]):
         else:
             docs = dict(zip(keys, await asyncio.gather(*(staged(k) for k in keys)),
                             strict=True))
+            lost = sorted(k for k in self._staged.hidden if docs.get(k) is None)
+            if lost:
+                # Removed by someone else (a tool clearing `.durable`, an older version's
+                # housekeeping): committed without it, the node is gone for every reader.
+                raise IntegrityError(
+                    f"{entry.url}: {', '.join(lost)}, hidden from readers by this update, "
+                    "gone from staging before the commit: not committing without it",
+                    url=entry.url, expected=f"{len(lost)} staged documents",
+                    found="gone")
         tiers: dict[tuple[int, int], list[str]] = {}
         for key in docs:
             tiers.setdefault(_publish_tier(key), []).append(key)

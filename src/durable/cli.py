@@ -815,7 +815,9 @@ and any folder holding one (one HEAD per object of each unmarked folder).
 
 Every object is read to record its size and CRC32C, which the manifest
 requires: there is no size-only adoption, so there is no --deep (reading
-everything also proves every object readable to its end).
+everything also proves every object readable to its end). An object that is
+an object store's error document (a 403's body saved as the file) is never
+adopted: its entry fails, naming it.
 
 \b
 Push plan (incident 001): with no writer running, list, then --apply; deploy

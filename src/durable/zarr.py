@@ -67,7 +67,7 @@ def writing(url: str, *, storage_options: dict[str, Any] | None = None,
     (``writing(url, resume=True)`` and ``zarr.open_array(store, mode="r+")`` find it).
     ``"on_handoff"`` (a fresh write only): kept in this process's memory until the store
     is pickled for another process (a dask worker), and published from memory otherwise:
-    2 requests fewer on an object store, but a writer killed before a hand-off leaves
+    3 requests fewer on an object store, but a writer killed before a hand-off leaves
     chunks and no metadata anywhere (still no array for plain readers, INCOMPLETE for
     durable), so the only retry is ``overwrite=True``. `write` uses it.
     """

@@ -122,6 +122,8 @@ class AtomicFile(io.RawIOBase):
         self.checksum = Checksum()
         self.info: ObjectInfo | None = None
         self.on_commit: Callable[[AtomicFile], None] | None = None
+        #: Called once the garbage collector aborted the file (dropped without close()).
+        self.on_drop: Callable[[AtomicFile], None] | None = None
         #: Durable record fields for the object's own metadata, given to `commit`.
         self.record: Mapping[str, str] | None = None
         self._done = False
@@ -207,6 +209,8 @@ class AtomicFile(io.RawIOBase):
         # writer that died part-way (s3fs commits in that case; we do not).
         if not getattr(self, "_done", True):
             self.abort()
+            if self.on_drop is not None:
+                self.on_drop(self)
 
     def __enter__(self) -> AtomicFile:
         return self
@@ -474,6 +478,12 @@ class Adapter(ABC):
     def links_in(self, directory: str) -> Sequence[str]:
         """Names of the links directly in ``directory`` (symlinks, on a local disk), which
         listings never show; [] on stores that have no links (no request)."""
+        return []
+
+    def links_below(self, directory: str) -> Sequence[str]:
+        """Paths, relative to ``directory``, of the links at any depth below it (symlinks,
+        on a local disk; none followed), which listings never show; [] on stores that have
+        no links (no request)."""
         return []
 
     # removing -----------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from gcsfs.retry import HttpError
 
 from durable._checksum import Checksum, crc32c, crc_from_b64, crc_to_b64, crc_to_hex
 from durable._errors import IntegrityError, UnsupportedError
-from durable._protocol import record_fields
+from durable._protocol import RECORDS_DIR, record_fields
 from durable.adapters._ranged import open_pinned
 from durable.adapters.base import (
     Adapter,
@@ -618,9 +618,13 @@ class GCSAdapter(Adapter):
 
     def _probe_conditional(self, path: str) -> tuple[bool, bool]:
         """(uploads enforce ifGenerationMatch, deletes do)."""
-        parent = path.rstrip("/").rpartition("/")[0]
-        probe = f"{parent}/.durable-probe-{uuid.uuid4().hex}"
-        bucket, key = self._split(probe)
+        # In the bucket's own records folder, which no entry owns (as on S3): beside
+        # ``path`` it went into an entry's records, a new record to a clean listing them
+        # (which then kept the entry as "a writer started") and, left by a crash, a sign
+        # of a writer that never was.
+        bucket = self._split(path)[0]
+        probe = f"{bucket}/{RECORDS_DIR}/.durable-probe-{uuid.uuid4().hex}"
+        key = self._split(probe)[1]
         try:
             first = self._upload_single(probe, b"probe", crc32c(b"probe"))
             wrong = str(int(first["generation"]) + 1)

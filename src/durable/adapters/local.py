@@ -400,7 +400,13 @@ class _LocalAtomicFile(AtomicFile):
         assert self._fd is not None
         self._prepared = False  # bytes after the fsync: `_commit` fsyncs again
         while data:
-            n = os.write(self._fd, data)
+            try:
+                n = os.write(self._fd, data)
+            except OSError as exc:
+                # ENOSPC, EFBIG, EIO: "[Errno 28] No space left on device" named nothing,
+                # in a loop writing many files. Final for this write (aborted by the caller).
+                raise OSError(exc.errno, f"{exc.strerror} (after {self._written} bytes "
+                              "written; not published)", self.path) from exc
             data = data[n:]
             self._written += n
         if self._writeback is not None and self._written - self._started >= _WRITEBACK_EVERY:
@@ -684,6 +690,17 @@ class LocalAdapter(Adapter):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
+    def links_below(self, directory: str) -> Sequence[str]:
+        found = []
+        # os.walk follows no link (followlinks=False) and lists one to a directory among
+        # the directories: a folder holding nothing but a link is looked into too.
+        for dirpath, dirnames, filenames in os.walk(directory):
+            rel = os.path.relpath(dirpath, directory)
+            found += [name if rel == "." else f"{rel}/{name}"
+                      for name in dirnames + filenames
+                      if os.path.islink(os.path.join(dirpath, name))]
+        return sorted(found)
+
     def delete(self, paths: Iterable[str]) -> None:
         dirs = set()
         for p in paths:
@@ -696,7 +713,11 @@ class LocalAdapter(Adapter):
                 if exc.errno not in _NO_SUCH_NAME:
                     raise
         for d in dirs:
-            fsync_dir(d)
+            # Removed since the unlink (another clean or delete of the same tree): no name
+            # is left in it to make durable. Raised, it failed a clean racing another ("No
+            # such file or directory"), the entry removed all the same.
+            with contextlib.suppress(FileNotFoundError):
+                fsync_dir(d)
 
     def delete_prefix(self, prefix: str) -> None:
         root = prefix.rstrip("/")
