@@ -167,6 +167,40 @@ def test_writing_onto_complete_is_refused(place: Place) -> None:
     assert place.files() == before
 
 
+def test_writing_onto_complete_says_what_to_pass_instead(place: Place) -> None:
+    """A pipeline step re-run over its committed output: the error names the arguments
+    that replace or change it, and passing one of them works."""
+    e = write_complete(place, {"a": b"1"})
+    with pytest.raises(AlreadyCompleteError) as info, e.writing():
+        pass  # pragma: no cover
+    assert "overwrite=True replaces it, update=True changes it" in str(info.value)
+    with e.writing(overwrite=True) as w:
+        w.fs.pipe_file(f"{w.path}/a", b"2")
+    assert e.state() is State.COMPLETE
+
+
+def test_data_written_without_durable_is_told_how_to_adopt_it(place: Place) -> None:
+    """An output folder written before durable, opened by a reader that requires COMPLETE:
+    the error says how to adopt it (no durable writer ever started there), and doing what
+    it says makes it COMPLETE. A folder where a durable writer started is not told so: a
+    killed writer's partial data must never be adopted as whole."""
+    place.write("plain/part-0.bin", b"x" * 10)
+    e = Entry(place.url("plain"))
+    with pytest.raises(IncompleteError) as info:
+        e.require_complete()
+    assert f"durable.Entry({e.url!r}).mark_complete()" in str(info.value)
+    e.mark_complete()
+    assert e.state() is State.COMPLETE
+
+    started = Entry(place.url("started"))
+    with pytest.raises(RuntimeError), started.writing() as w:
+        w.fs.pipe_file(f"{w.path}/part-0.bin", b"y")
+        raise RuntimeError("killed")
+    with pytest.raises(IncompleteError) as info:
+        started.require_complete()
+    assert "mark_complete" not in str(info.value)
+
+
 @pytest.mark.parametrize("how", ["writing", "overwrite", "mark_complete"])
 def test_an_entry_inside_a_committed_one_is_refused(place: Place, how: str) -> None:
     """A path under a COMPLETE entry was accepted as an entry of its own: its objects and

@@ -204,7 +204,10 @@ def _check_and_clear(entry: Entry, keep_lease: bool, *, overwrite: bool, resume:
         return False, seed, {k: now[k].version for k in seed}, st.marker.attempt
     if st.state is State.COMPLETE:
         if not overwrite:
-            raise AlreadyCompleteError(f"{entry.url} is already COMPLETE ({st.reason})",
+            # What to pass instead: the error alone left a user re-running a pipeline
+            # step guessing at the arguments (durable.xarray: mode="w" replaces it too).
+            raise AlreadyCompleteError(f"{entry.url} is already COMPLETE ({st.reason}); "
+                                       "overwrite=True replaces it, update=True changes it",
                                        url=entry.url)
         _clear(entry, st.marker)
     elif st.state is State.INCOMPLETE:

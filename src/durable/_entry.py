@@ -392,6 +392,13 @@ class Entry:
         except (OSError, DurableError):
             return ""  # only a hint: the state stands as it was found
         if found is None or found[1].kind != "prefix":
+            if st.reason == "data present but no commit marker":
+                # No durable writer ever started here (else the reason names it): data
+                # written before durable, which "INCOMPLETE" alone left users to rewrite.
+                # (Not `durable mark-complete URL`: that marks the entries found below a
+                # root, this path's own folders, not the path as one entry.)
+                return (f"; written without durable? Once you know it is whole, "
+                        f"durable.Entry({self.url!r}).mark_complete() commits it as it is")
             return ""
         holder = found[0]
         key = self.path.rstrip("/")[len(holder.path.rstrip("/")) + 1:]
