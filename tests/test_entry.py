@@ -30,6 +30,7 @@ from durable import (
     State,
     read_verified,
 )
+from durable.testing.pytest_plugin import Bucket
 
 MARKER = ".durable/ent/commit.json"
 
@@ -862,3 +863,14 @@ def test_a_file_dropped_then_written_again_commits_what_was_written_after(
         w.fs.open(f"{w.path}/a", "wb").write(b"second, lost")
         gc.collect()
     assert e2.state() is State.ABSENT
+
+
+def test_a_bucket_or_root_is_refused_as_an_entry_by_the_url_given(
+        s3_bucket: Bucket) -> None:
+    """A bucket has no parent to hold a commit marker. The error named the bare path
+    ("'ops' cannot be an entry"), a name the user of s3://ops never wrote."""
+    for url in (s3_bucket.url, f"{s3_bucket.url}/"):
+        with pytest.raises(ValueError, match=rf"^{s3_bucket.url}: .*no parent"):
+            Entry(url, storage_options=s3_bucket.storage_options)
+    with pytest.raises(ValueError, match=r"^file:///: .*a name of its own"):
+        Entry("/")

@@ -139,6 +139,7 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "attempt with a path": with_field(attempt="../../x"),
     "attempt not ascii": with_field(attempt="\u0661\u0662\u00bd"),
     "writer not an object": with_field(writer=["pid"]),
+    "committed_at a number": with_field(committed_at=12345),
     "no manifest at all": lambda place, doc: {k: v for k, v in doc.items() if k != "manifest"},
     "both manifest and manifest_ref": with_field(
         manifest_ref={"key": "../../../sentinel", "size": 1, "crc32c": "00000000"}),
@@ -339,6 +340,14 @@ def test_valid_markers_are_accepted(entry: tuple[Place, Entry, Doc]) -> None:
     assert e.state() is State.COMPLETE
     assert e.verify(deep=True).ok
     assert read_verified(place.url("ent", "a")) == OBJECTS["a"]
+
+
+def test_a_bad_committed_at_says_what_was_expected(entry: tuple[Place, Entry, Doc]) -> None:
+    """'bad committed_at 12345' named what was found, not what a marker must hold."""
+    place, e, doc = entry
+    place.write(MARKER, json.dumps({**doc, "committed_at": 12345}).encode())
+    with pytest.raises(IntegrityError, match=r"bad committed_at 12345: expected a string"):
+        e.status()
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))

@@ -88,7 +88,12 @@ class Entry:
         else:
             path = adapter.fs._strip_protocol(url)
         self.adapter = adapter
-        self.layout = Layout(path)
+        try:
+            self.layout = Layout(path)
+        except ValueError as exc:
+            # Named as the caller wrote it: "'ops' cannot be an entry" left a user of
+            # s3://ops (a bucket) reading a name they never gave.
+            raise ValueError(f"{adapter.url(path)}: {exc}") from None
         self.path = self.layout.root
         self.url = adapter.url(self.path)
         self.storage_options = dict(storage_options or {})

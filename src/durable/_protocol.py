@@ -370,7 +370,9 @@ class Marker:
                 or len(attempt) > 64):
             raise MarkerError(f"{where}: bad attempt id {attempt!r:.80}", url=where)
         if not isinstance(committed_at, str) or len(committed_at) > 64:
-            raise MarkerError(f"{where}: bad committed_at {committed_at!r:.80}", url=where)
+            raise MarkerError(f"{where}: bad committed_at {committed_at!r:.80}: expected a "
+                              "string of at most 64 characters (an ISO 8601 UTC time)",
+                              url=where)
         writer = doc.get("writer", {})
         if not isinstance(writer, dict):
             raise MarkerError(f"{where}: writer must be a JSON object", url=where)
