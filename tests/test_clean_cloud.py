@@ -27,7 +27,6 @@ from urllib.parse import quote
 import pytest
 
 from test_ops import (
-    GONE,
     apply_as_another_cleans,
     check_attempt_record_made_a_directory,
     kill_writers,
@@ -279,9 +278,10 @@ def test_two_cleans_at_once_report_a_removal_once(store: Store,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Two cleans of one root, the second removing the entry while the first is between
     its checks and the removal of the records (no lock on these stores): both said
-    "removed". The records' first object is now deleted on its planned version, which
-    only one clean can do; gcp-storage-emulator enforces no conditional delete (leases
-    are refused there too), so it can still tell no one from the other."""
+    "removed". A clean now holds the entry's lease (create-only) while it removes it, and
+    the other leaves it to that one; gcp-storage-emulator enforces no conditional
+    delete (nor a lease's conditional renewal), so it can still tell no one from the
+    other."""
     from durable._ops import plan_clean
     from durable._scan import survey
     from durable.adapters import resolve
@@ -296,8 +296,11 @@ def test_two_cleans_at_once_report_a_removal_once(store: Store,
     assert [mark([vars(i)]) for i in plans[0].items] == [[("entry", "dead.zarr", "planned")]]
     apply_as_another_cleans(first, second, plans, monkeypatch)
     (a,), (b,) = plans[0].items, plans[1].items
-    assert (b.status, b.detail) == ("removed", "")
-    assert (a.status, a.detail) == ("skipped", GONE)
+    # The first, interrupted as it removes the records, holds the entry's lease: the
+    # second leaves the entry to it.
+    assert (a.status, a.detail) == ("removed", "")
+    assert b.status == "skipped"
+    assert b.detail.startswith("another clean is removing it (held by "), b.detail
     assert not [k for k in store.names() if "dead.zarr" in k]
 
 
@@ -494,3 +497,75 @@ def test_an_upload_alone_under_the_root_is_found_and_aborted(
     code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
     assert (code, mark(doc["items"])) == (0, [("upload", "model.bin", "removed")])
     assert uploads() == []
+
+
+# a clean racing a writer that starts over the entry it removes -----------------------------
+@pytest.mark.s3
+@pytest.mark.parametrize("how", ["overwrite", "resume", "zarr.write"])
+def test_a_writer_starting_over_an_entry_a_clean_is_removing_is_refused(
+        s3_bucket: Any, how: str) -> None:
+    """A killed writer's entry; `durable clean` past its checks, about to list and delete
+    the data; a rerun starts over it (``overwrite=True``) or resumes it right then. The
+    clean removed the rerun's objects under it, and `durable.zarr.write`, whose commit
+    trusts its own records when they show it alone, published a marker over chunks that
+    were gone. The clean now holds the entry's lease while it removes the data: the rerun
+    is refused (IncompleteExistsError, a writer's lease), its retry once the clean is done
+    commits whole data."""
+    import threading
+
+    import numpy as np
+
+    import durable.zarr as dz
+    from durable import Entry, IncompleteExistsError, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+    from durable.testing.faults import FaultProxy, Match
+
+    direct = dict(s3_bucket.storage_options)
+    url = s3_bucket.path("root", "dead.zarr")
+    kill_writers(s3_bucket.path("root"), direct, ["dead.zarr"], strays=False)
+    data = np.arange(16 * 16, dtype="f4").reshape(16, 16) + 1
+
+    def rerun() -> None:
+        if how == "zarr.write":
+            dz.write(url, data, chunks=(4, 4), overwrite=True, storage_options=direct)
+            return
+        with Entry(url, storage_options=direct).writing(
+                overwrite=how == "overwrite", resume=how == "resume") as w:
+            for i in range(4):
+                w.write_bytes(f"o/{i}", bytes([i]) * 100)
+
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        sv = survey(*resolve(s3_bucket.path("root"), {**direct, "endpoint_url": proxy.url}))
+        report = plan_clean(sv, older_than=0, lease_wait=0)
+        assert [(i.kind, i.url) for i in report.items] == [("entry", url)]
+        at_data, go_on = threading.Event(), threading.Event()
+
+        def clean_lists_the_data(info: Any) -> bool:
+            # Held here (the proxy's thread), past every check of the records.
+            if (not at_data.is_set() and "list-type" in info.query
+                    and info.query.get("prefix") == ["root/dead.zarr/"]):
+                at_data.set()
+                assert go_on.wait(30)
+            return False
+
+        proxy.inject("delay", seconds=0, match=Match(where=clean_lists_the_data))
+        cleaning = threading.Thread(target=apply_clean, args=(sv, report))
+        cleaning.start()
+        try:
+            assert at_data.wait(30)
+            with pytest.raises(IncompleteExistsError, match="lease"):
+                rerun()
+        finally:
+            go_on.set()
+            cleaning.join()
+    (item,) = report.items
+    assert (item.status, item.detail) == ("removed", "")
+    entry = Entry(url, storage_options=direct)
+    assert entry.state() is State.ABSENT
+    rerun()
+    assert entry.state() is State.COMPLETE
+    assert entry.verify(deep=True).ok
+    if how == "zarr.write":
+        np.testing.assert_array_equal(dz.open(url, storage_options=direct)[...], data)

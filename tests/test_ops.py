@@ -816,10 +816,11 @@ def apply_as_another_cleans(first: Any, second: Any, plans: list[Any],
 
 def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two `durable clean --apply` runs of one root, planned together, the second removing
-    everything while the first is between its checks and the removal of the records: both
+    """Two `durable clean --apply` runs of one root, planned together, the second running
+    whole while the first is between its checks and the removal of the records: both
     reported "removed" for the same entry (and the same spent records). Only one removed
-    it; the other says it was already gone."""
+    it; the other says it was already gone, or (an entry the first holds the lease of
+    while it removes it) that another clean is removing it."""
     from durable import Entry, State
     from durable._ops import plan_clean
 
@@ -835,8 +836,9 @@ def test_two_cleans_at_once_report_each_removal_once(small: LocalStore,
     apply_as_another_cleans(first, second, plans, monkeypatch)
     for a, b in zip(plans[0].items, plans[1].items, strict=True):
         statuses = sorted([(a.status, a.detail), (b.status, b.detail)])
-        assert statuses == [("removed", ""), ("skipped", GONE)], (a.url, statuses)
-    assert [i.status for i in plans[1].items] == ["removed"] * 3  # the one that ran whole
+        assert statuses[0] == ("removed", "") and statuses[1][0] == "skipped", statuses
+        assert statuses[1][1] == GONE or statuses[1][1].startswith(
+            "another clean is removing it (held by "), (a.url, statuses)
     after = small.snapshot()
     assert not [k for k in after if k.startswith((".durable/dead.zarr", "dead.zarr/",
                                                   ".durable/done.zarr/attempts/"))]
@@ -848,8 +850,9 @@ def test_a_clean_finding_a_folder_removed_under_it_is_no_failure(
     """Three cleans of one root at once (1,500 dead entries) listed a few entries each as
     failed, exit 6, "FileNotFoundError: ... No such file or directory: ROOT/eNNN": one
     unlinked the entry's zarr.json, another removed the whole folder, and the first's
-    fsync of the folder (to make its unlink durable) found it gone. Nothing is left in a
-    folder that is gone: that clean reports the entry as removed by another."""
+    fsync of the folder (to make its unlink durable) found it gone. Each clean now holds
+    the entry's lease while it removes it: the other leaves that entry alone, and says
+    so."""
     import durable.adapters.local as local
     from durable._ops import apply_clean, plan_clean
 
@@ -871,7 +874,10 @@ def test_a_clean_finding_a_folder_removed_under_it_is_no_failure(
     apply_clean(first, plans[0], workers=1)
     assert ran
     status = {i.url.rpartition("/")[2]: (i.status, i.detail) for i in plans[0].items}
-    assert status["dead.zarr"] == ("skipped", GONE)
+    assert status["dead.zarr"] == ("removed", "")
+    other = {i.url.rpartition("/")[2]: (i.status, i.detail) for i in plans[1].items}
+    assert other["dead.zarr"][0] == "skipped"
+    assert other["dead.zarr"][1].startswith("another clean is removing it (held by ")
     assert not os.path.exists(dead)
 
 
@@ -1082,10 +1088,11 @@ def test_clean_keeps_the_lease_of_a_writer_that_took_over_while_it_removed_the_d
     """A waiter takes a dead writer's stale lease over, and starts writing, while clean
     removes that entry's data: clean removed the whole records directory after the data,
     the new holder's lease and attempt record with it (reported "removed"), and the
-    holder, unaware, failed at its commit with LeaseLostError. Only the records planned,
-    each as planned, go."""
+    holder, unaware, failed at its commit with LeaseLostError. The clean now takes the
+    stale lease over itself and holds it (renewed) while it removes the data: the waiter
+    finds it live, and takes it once the clean is done."""
     import durable._ops
-    from durable import Entry, Lease, State
+    from durable import Entry, IncompleteExistsError, Lease, State
     from durable._lease import LeaseWatch
     from durable._ops import apply_clean, plan_clean
     from durable._scan import survey
@@ -1109,21 +1116,24 @@ def test_clean_keeps_the_lease_of_a_writer_that_took_over_while_it_removed_the_d
     def a_takeover_meanwhile(*args: Any, **kwargs: Any) -> None:
         original(*args, **kwargs)
         if not taker:
-            watch = LeaseWatch(url, stale_after=0.5)
-            while not (view := watch.poll()) or not view.stale:  # type: ignore[union-attr]
-                time.sleep(0.05)
-            lease = Lease(url, heartbeat=0.05, stale_after=0.5).take_over(view)
-            writing = Entry(url).writing(lease=lease, overwrite=True)
-            writing.__enter__().write_bytes("c/0", b"taker's")
-            taker.extend([lease, writing])
+            # The clean holds the lease while it removes the data, renewed: the waiter
+            # cannot take it over, nor start over the entry without it.
+            view = LeaseWatch(url, stale_after=0.5).poll()
+            assert view is not None and not view.stale
+            assert not Lease(url, heartbeat=0.05, stale_after=0.5).try_acquire()
+            with pytest.raises(IncompleteExistsError, match="durable clean removing"):
+                Entry(url).writing(overwrite=True).__enter__()
+            taker.append(view)
 
     monkeypatch.setattr(durable._ops, "delete_tree", a_takeover_meanwhile)
     apply_clean(sv, report)
     (item,) = report.items
-    assert item.status == "failed" and "its records are kept" in (item.detail or "")
-    lease, writing = taker
-    assert lease.held
-    writing.__exit__(None, None, None)  # the taker commits
+    assert (item.status, item.detail) == ("removed", "")
+    assert taker
+    # Once the clean is done, the waiter takes the (free) lease and writes.
+    lease = Lease(url, heartbeat=0.05, stale_after=0.5).acquire()
+    with Entry(url).writing(lease=lease) as w:
+        w.write_bytes("c/0", b"taker's")
     lease.release()
     entry = Entry(url)
     assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok

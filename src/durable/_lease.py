@@ -85,8 +85,10 @@ def describe(holder: Mapping[str, Any] | None) -> str:
     """A lease holder as a person reads it: host, pid, since when."""
     if not holder:
         return "holder unreadable"
+    purpose = holder.get("purpose")
     return (f"held by {holder.get('host', '?')} pid {holder.get('pid', '?')} since "
-            f"{holder.get('acquired_at', '?')}")
+            f"{holder.get('acquired_at', '?')}"
+            + (f", {purpose}" if isinstance(purpose, str) and purpose.isprintable() else ""))
 
 
 def check_stale_after(stale_after: float, heartbeat: float) -> None:
@@ -269,6 +271,8 @@ class Lease:
         self._counter = 0
         self._last_ok = 0.0  # monotonic time the last successful write was sent
         self._lost: str | None = None
+        #: What the holder does, said to writers it keeps out (`durable clean`'s).
+        self._purpose: str | None = None
         self._lock = threading.Lock()  # one conditional write of ours at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -396,6 +400,7 @@ class Lease:
             "format": FORMAT, "holder": self.holder, "host": socket.gethostname(),
             "pid": os.getpid(), "acquired_at": self._acquired_at, "renewal": self._counter,
             "heartbeat": self.heartbeat, "stale_after": self.stale_after,
+            **({"purpose": self._purpose} if self._purpose else {}),
         }, separators=(",", ":")).encode()
 
     def _replace(self, version: str) -> ObjectInfo:

@@ -33,7 +33,9 @@ from durable._errors import (
     DurableError,
     IncompleteError,
     IncompleteExistsError,
+    UnsupportedError,
 )
+from durable._lease import Lease, LeaseView, describe
 from durable._nesting import OPENED_FIRST, delete_tree
 from durable._protocol import (
     LEASE_NAME,
@@ -50,6 +52,7 @@ from durable._scan import (
     Records,
     Stat,
     Survey,
+    _read_json,
     entry_age,
     read_records,
     split_recorded,
@@ -779,7 +782,6 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         item.status = "removed"
         return
     layout = sv.layout(item.key)
-    path = sv.entry_path(item.key)
     if item.kind == "spent":
         # Only the records planned, only while the marker they sit beside is still there
         # (gone: a writer is rewriting the entry) and each is as it was listed.
@@ -814,9 +816,73 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         item.status, item.detail = "skipped", _GONE
         return
     if now != item.expect:
-        item.status, item.detail = ("skipped", "its records changed since the plan (a "
-                                    "writer at work?)")
+        item.status, item.detail = "skipped", _changed(sv, item)
         return
+    if item.kind == "records":
+        _remove_entry(sv, item, workers, None)
+        return
+    lease, why = _take_lease(sv, item)
+    if why is not None:
+        item.status, item.detail = "skipped", why
+        return
+    try:
+        _remove_entry(sv, item, workers, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _take_lease(sv: Survey, item: CleanItem) -> tuple[Lease | None, str | None]:
+    """The entry's lease, held while its data is removed, or why it cannot be had.
+
+    A writer starting over or resuming the entry (``overwrite=True``, ``resume=True``)
+    announces itself, then looks for a live lease and refuses one: it announced itself
+    before this lease was taken (and the listing after it shows its attempt record), or
+    it refuses. Without the lease, such a writer could clear the entry and write between
+    the check of the records and the removal of the data: its objects were removed under
+    it, and a commit from its own records (`durable.zarr.write`) published a marker over
+    them. A lease the plan judged stale is taken over on the version it saw. None (no
+    lease, as before) where the store cannot hold one (no versions)."""
+    lease = Lease(Entry(sv.entry_path(item.key), adapter=sv.adapter), best_effort=True)
+    lease._purpose = CLEANING
+    stale = item.expect.get(LEASE_NAME, "")
+    try:
+        if not stale:
+            taken = lease.try_acquire()
+        else:
+            lease.take_over(LeaseView(stale, None, lease.stale_after, lease.stale_after, True))
+            taken = True
+    except UnsupportedError:
+        return None, None
+    except IncompleteExistsError:
+        taken = False
+    if not taken:
+        return None, _changed(sv, item)
+    now = {k: i.version for k, i in sv.adapter.list(sv.layout(item.key).records).items()}
+    if now.pop(LEASE_NAME, None) != lease.version or now != {
+            k: v for k, v in item.expect.items() if k != LEASE_NAME}:
+        lease.release()
+        return None, _changed(sv, item)
+    return lease, None
+
+
+def _changed(sv: Survey, item: CleanItem) -> str:
+    """Why an item whose records changed since the plan is skipped: another clean holds
+    its lease (removing it), or a writer is at work."""
+    lease = sv.layout(item.key).lease
+    body, _ = _read_json(sv.adapter, lease)
+    if body is not None and body.get("purpose") == CLEANING:
+        return (f"another clean is removing it ({describe(body)}; its lease "
+                f"{sv.adapter.url(lease)})")
+    return "its records changed since the plan (a writer at work?)"
+
+
+def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None) -> None:
+    """The data (an ``entry`` item) and the records planned of an entry checked again,
+    under ``lease`` (this clean's, released by the caller)."""
+    a = sv.adapter
+    layout = sv.layout(item.key)
+    path = sv.entry_path(item.key)
     if item.kind == "records":
         if a.exists(path):
             item.status, item.detail = "skipped", "data appeared since the plan"
@@ -857,11 +923,16 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
     # Under the lease's lock (`remove_records`'s reason): a renewal of a lease judged
     # stale, between its check and its rename, would put it back after the delete. (With
     # no lease too: on a local disk the lock's sidecar goes with the records it guarded.)
+    if lease is not None:
+        lease.check()  # lost (taken over by a waiter): a writer may be at work
     with a.exclusive(layout.lease) as locked:
         listed = a.list(layout.records)
         planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
         ours = _claim(a, planned, locked)
-    kept = sorted(set(listed) - set(planned))
+    # This clean's own lease goes with its release, after.
+    kept = sorted(set(listed) - set(planned) - (
+        {LEASE_NAME} if lease is not None and listed.get(LEASE_NAME) is not None
+        and listed[LEASE_NAME].version == lease.version else set()))
     a.prune(layout.records)
     if not ours and not kept:
         # Another clean of the same root removed them first (both passed the checks
@@ -876,6 +947,9 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
         return
     item.status = "removed"
 
+
+#: The purpose a clean's lease states, to writers it keeps out and to other cleans.
+CLEANING = "durable clean removing the entry"
 
 #: Why an item found gone at its removal is skipped.
 _GONE = "already removed since the plan (by another clean of this root, or a delete)"
