@@ -842,8 +842,11 @@ def _take_lease(sv: Survey, item: CleanItem) -> tuple[Lease | None, str | None]:
     the check of the records and the removal of the data: its objects were removed under
     it, and a commit from its own records (`durable.zarr.write`) published a marker over
     them. A lease the plan judged stale is taken over on the version it saw. None (no
-    lease, as before) where the store cannot hold one (no versions)."""
-    lease = Lease(Entry(sv.entry_path(item.key), adapter=sv.adapter), best_effort=True)
+    lease, as before) where the store cannot hold one."""
+    # Not best effort: where the store enforces no create-only and conditional writes
+    # (the generic adapter, gcp-storage-emulator) nothing is put, and the removal goes on
+    # as before, checked by the listings alone.
+    lease = Lease(Entry(sv.entry_path(item.key), adapter=sv.adapter))
     lease._purpose = CLEANING
     stale = item.expect.get(LEASE_NAME, "")
     try:
