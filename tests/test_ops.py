@@ -1374,3 +1374,31 @@ def test_what_a_conditional_delete_killed_part_way_leaves_is_cleaned(tmp_path: P
     assert Path(root, "obj").read_bytes() == b"plain data now"
     for e in (done, gone, again):
         assert e.state() is durable.State.COMPLETE and e.verify(deep=True).ok
+
+
+def test_clean_removes_a_killed_writer_that_left_only_an_empty_folder(tmp_path: Path) -> None:
+    """A zarr writer SIGKILLed after its start (found by the kill sweep: 2 kills in 35 of
+    `durable.zarr.write` on a local disk) left its attempt record and the entry's folder,
+    empty: clean planned the records ("data is gone") and then skipped them for good,
+    "data appeared since the plan", the empty folder taken for data. The entry stayed
+    INCOMPLETE through every clean. An empty folder is no data: the records go, and the
+    folder with them."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._protocol import attempt_record_bytes
+    from durable._scan import survey
+    from durable.adapters import resolve
+
+    root = os.path.realpath(tmp_path)
+    attempt = "0123456789abcdef0123456789abcdef"
+    record = Path(root, ".durable", "z.zarr", "attempts", f"{attempt}.json")
+    record.parent.mkdir(parents=True)
+    record.write_bytes(attempt_record_bytes(attempt))
+    Path(root, "z.zarr", "c", "0").mkdir(parents=True)  # made before the first chunk
+    entry = Entry(f"{root}/z.zarr")
+    assert entry.state() is State.INCOMPLETE
+    sv = survey(*resolve(root))
+    report = apply_clean(sv, plan_clean(sv, older_than=0, lease_wait=0))
+    assert [(i.kind, i.status, i.detail) for i in report.items] == [("records", "removed", "")]
+    assert entry.state() is State.ABSENT
+    assert os.listdir(root) == [".durable"] and os.listdir(f"{root}/.durable") == []

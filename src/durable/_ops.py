@@ -832,6 +832,18 @@ def _remove(sv: Survey, item: CleanItem, workers: int) -> None:
             lease.release()
 
 
+def _holds_data(a: Adapter, path: str) -> bool:
+    """Whether anything but empty folders is at ``path``: an object, a link, or a folder
+    holding either. Empty folders are what a writer killed before its first object (a
+    zarr or tensorstore writer on a local disk makes them first) leaves: taken for data,
+    its records were skipped by every clean, and the entry stayed INCOMPLETE."""
+    if not a.exists(path):
+        return False
+    if a.not_an_object(path) != "a directory" or a.links_in(path):
+        return True
+    return bool(a.list(path)) or bool(a.links_below(path))
+
+
 def _take_lease(sv: Survey, item: CleanItem) -> tuple[Lease | None, str | None]:
     """The entry's lease, held while its data is removed, or why it cannot be had.
 
@@ -887,7 +899,7 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
     layout = sv.layout(item.key)
     path = sv.entry_path(item.key)
     if item.kind == "records":
-        if a.exists(path):
+        if _holds_data(a, path):
             item.status, item.detail = "skipped", "data appeared since the plan"
             return
     elif (single := a.info(path)) is not None:
@@ -933,6 +945,10 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
         planned = {k: i for k, i in listed.items() if item.expect.get(k, "") == i.version}
         ours = _claim(a, planned, locked)
     # This clean's own lease goes with its release, after.
+    if item.kind == "records":
+        # The empty folders a killed writer made before its first object (rmdir only:
+        # one a writer fills meanwhile stays).
+        a.prune(path)
     kept = sorted(set(listed) - set(planned) - (
         {LEASE_NAME} if lease is not None and listed.get(LEASE_NAME) is not None
         and listed[LEASE_NAME].version == lease.version else set()))
