@@ -1402,3 +1402,39 @@ def test_clean_removes_a_killed_writer_that_left_only_an_empty_folder(tmp_path: 
     assert [(i.kind, i.status, i.detail) for i in report.items] == [("records", "removed", "")]
     assert entry.state() is State.ABSENT
     assert os.listdir(root) == [".durable"] and os.listdir(f"{root}/.durable") == []
+
+
+def test_clean_removes_a_stale_lease_left_beside_a_marker(tmp_path: Path) -> None:
+    """A cached function's caller SIGKILLed after its commit, before it released the
+    lease (kill sweep: 4 of 35 local @cached kills): the entry is COMPLETE, its lease
+    file stays, and clean neither removed nor listed it; every later `Lease` and
+    `recompute()` waited it out. Judged stale, it goes as spent records do, on the version
+    judged; a live one stays."""
+    from durable import Entry, Lease, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+
+    root = os.path.realpath(tmp_path)
+    entries = {}
+    for name in ("dead", "live"):
+        lease = Lease(f"{root}/{name}", heartbeat=0.05, stale_after=0.5).acquire()
+        with Entry(f"{root}/{name}").writing(lease=lease) as w:
+            w.write_bytes("a", b"x")
+        entries[name] = lease
+    dead = entries["dead"]
+    dead._stop.set()  # killed: no more renewals, no release
+    assert dead._thread is not None
+    dead._thread.join()
+    sv = survey(*resolve(root))
+    report = apply_clean(sv, plan_clean(sv, older_than=0, lease_wait=2.0))
+    assert [(i.kind, i.url.rpartition("/")[2], i.status) for i in report.items] == [
+        ("spent", "dead", "removed")]
+    assert "a stale lease left beside its marker" in report.items[0].reason
+    assert not Path(root, ".durable", "dead", "lease.json").exists()
+    assert Path(root, ".durable", "live", "lease.json").exists()
+    assert entries["live"].held
+    entries["live"].release()
+    for name in entries:
+        assert Entry(f"{root}/{name}").state() is State.COMPLETE
+

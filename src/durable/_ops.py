@@ -656,15 +656,21 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         # writer's, whose removal after the marker (housekeeping, on a thread) a kill cut
         # short, or a loser's killed before it removed its own. The marker decides the
         # entry's state; these only clutter it. Nothing else of the entry is touched.
-        if f.marker is None or not f.attempts:
+        # So does a stale lease: its holder killed between its commit and its release (a
+        # cached function's caller; kill sweep: 4 of 35 local @cached kills), which every
+        # later Lease and recompute() waited out.
+        state = states.get(key)
+        stale = f.lease is not None and state is not None and state[0] == "stale"
+        if f.marker is None or not (f.attempts or stale):
             continue
         ids = [name.removesuffix(".json") for name in f.attempts]
         spent = {k: i for k, i in f.records.items() if k.startswith("attempts/")
                  or any(k.startswith(f"fragments/{a}/") for a in ids)}
+        if stale and f.lease is not None:
+            spent[LEASE_NAME] = f.lease
         url = sv.url(key)
         times = [i.modified for i in spent.values() if i.modified is not None]
         age = age_since(max(times)) if len(times) == len(spent) else None
-        state = states.get(key)
         owner = _committed_owner(sv, key)
         # Inside a committed entry its records are that entry's data (a manifest lists
         # them when they were there at its commit): removed, that entry lost objects it
@@ -677,8 +683,10 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             kept.append(Skipped(f"{url} (records beside its marker)", why))
             continue
         assert age is not None
-        items.append(CleanItem("spent", url, f"{len(f.attempts)} attempt records left beside "
-                                             f"its marker, last written {fmt_age(age)} ago",
+        what = " and ".join(([f"{len(f.attempts)} attempt records"] if f.attempts else [])
+                            + (["a stale lease"] if stale else []))
+        items.append(CleanItem("spent", url, f"{what} left beside its marker, last written "
+                                             f"{fmt_age(age)} ago",
                                age, len(spent), sum(i.size for i in spent.values()), key=key,
                                expect={k: i.version for k, i in spent.items()}))
 
@@ -988,7 +996,9 @@ def _claim(a: Adapter, planned: dict[str, ObjectInfo], locked: bool) -> bool | N
     """
     if not planned:
         return False
-    first, *rest = sorted(planned)
+    # A lease first: deleted on the version judged stale, never one a waiter took over
+    # (conditionally rewritten) since.
+    first, *rest = sorted(planned, key=lambda k: (k != LEASE_NAME, k))
     version = planned[first].version
     if not locked and version is not None and a.supports_conditional(planned[first].path):
         try:
