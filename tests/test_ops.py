@@ -1438,3 +1438,34 @@ def test_clean_removes_a_stale_lease_left_beside_a_marker(tmp_path: Path) -> Non
     for name in entries:
         assert Entry(f"{root}/{name}").state() is State.COMPLETE
 
+
+def test_clean_never_removes_data_a_killed_mark_complete_was_adopting(tmp_path: Path) -> None:
+    """`durable mark-complete --apply` SIGKILLed between staging a folder's marker (its temp
+    file, fsynced, in the records dir) and publishing it (kill sweep: 7 of 35 local
+    mark-complete kills lost a folder or more). That temp file was taken for a writer's
+    records: clean planned the folder, "records but no marker", and deleted the user's data,
+    written before durable and never a durable writer's. A temp file in a records dir is a
+    temp file only: clean removes it and leaves the data, which mark-complete then adopts."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import scan, survey
+    from durable.adapters import resolve
+    from durable.adapters.local import TMP_MARK
+
+    root = os.path.realpath(tmp_path)
+    Path(root, "f", "sub").mkdir(parents=True)
+    for i in range(3):
+        Path(root, "f", "sub", f"{i}.bin").write_bytes(bytes([i]) * 100)
+    staged = Path(root, ".durable", "f", f".commit.json{TMP_MARK}45cd82d32cd8")
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b'{"format": "durable.commit"}')  # a marker never published
+    (row,) = scan(root)
+    assert (row.state, row.reason) == ("INCOMPLETE", "data present but no commit marker")
+    sv = survey(*resolve(root))
+    report = apply_clean(sv, plan_clean(sv, older_than=0, lease_wait=0))
+    assert [(i.kind, i.status) for i in report.items] == [("temp", "removed")]
+    assert not staged.exists()
+    assert sorted(os.listdir(f"{root}/f/sub")) == ["0.bin", "1.bin", "2.bin"]
+    entry = Entry(f"{root}/f")
+    entry.mark_complete()
+    assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok

@@ -405,10 +405,14 @@ def survey(adapter: Adapter, path: str, *,
         parts = key.split("/")
         if TMP_MARK in parts[-1]:
             temps[key] = info
-        if RECORDS_DIR in parts[:-1] and DEL_MARK not in parts[-1]:
+        if RECORDS_DIR in parts[:-1] and DEL_MARK not in parts[-1] and (
+                TMP_MARK not in parts[-1]):
             # (A lease or marker a killed conditional delete left renamed aside is a temp
             # file only: counted as records, it made a plain object, or nothing, an entry
-            # a writer started, which a clean then removed whole.)
+            # a writer started, which a clean then removed whole. So is a record a killed
+            # process staged and never published: `mark-complete` killed before linking
+            # a folder's marker into place made data never written by durable an entry
+            # a writer started, and a clean deleted it.)
             i = parts.index(RECORDS_DIR)
             # Records of an entry named like a records dir belong to no entry durable
             # makes (Layout and writing() refuse it): left alone, never an entry that
