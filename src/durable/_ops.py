@@ -866,7 +866,10 @@ def _take_lease(sv: Survey, item: CleanItem) -> tuple[Lease | None, str | None]:
     # Not best effort: where the store enforces no create-only and conditional writes
     # (the generic adapter, gcp-storage-emulator) nothing is put, and the removal goes on
     # as before, checked by the listings alone.
-    lease = Lease(Entry(sv.entry_path(item.key), adapter=sv.adapter))
+    # Renewed every 2 s, stale after 10: a clean killed while it held it keeps writers
+    # and the next clean out that long, not a writer's default 30 s.
+    lease = Lease(Entry(sv.entry_path(item.key), adapter=sv.adapter), heartbeat=2.0,
+                  stale_after=10.0)
     lease._purpose = CLEANING
     stale = item.expect.get(LEASE_NAME, "")
     try:
