@@ -1469,3 +1469,31 @@ def test_clean_never_removes_data_a_killed_mark_complete_was_adopting(tmp_path: 
     entry = Entry(f"{root}/f")
     entry.mark_complete()
     assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok
+
+
+def test_clean_removes_a_writer_killed_with_its_marker_staged(tmp_path: Path) -> None:
+    """A writer SIGKILLed in its commit, its marker's temp file written and fsynced in the
+    records dir but not yet linked into place (kill sweep: 2 of 35 local `Entry.writing`
+    and 4 of 35 local `durable.tensorstore.write` kills): clean planned the entry without
+    that temp file, found it in the records at the removal, and skipped the entry for
+    good ("its records changed since the plan"). It goes with the entry."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._protocol import attempt_record_bytes
+    from durable._scan import survey
+    from durable.adapters import resolve
+    from durable.adapters.local import TMP_MARK
+
+    root = os.path.realpath(tmp_path)
+    attempt = "0123456789abcdef0123456789abcdef"
+    records = Path(root, ".durable", "ent")
+    (records / "attempts").mkdir(parents=True)
+    (records / "attempts" / f"{attempt}.json").write_bytes(attempt_record_bytes(attempt))
+    (records / f".commit.json{TMP_MARK}c0603948e22e").write_bytes(b'{"format": "durable')
+    Path(root, "ent").mkdir()
+    Path(root, "ent", "a.bin").write_bytes(b"written")
+    sv = survey(*resolve(root))
+    report = apply_clean(sv, plan_clean(sv, older_than=0, lease_wait=0))
+    assert [(i.kind, i.status, i.detail) for i in report.items] == [("entry", "removed", "")]
+    assert Entry(f"{root}/ent").state() is State.ABSENT
+    assert not records.exists() or not list(records.iterdir())

@@ -473,6 +473,16 @@ def _lease_key(key: str) -> str:
     return "/".join([p for p in (parent, RECORDS_DIR, name, LEASE_NAME) if p])
 
 
+def _record_temps(sv: Survey, key: str) -> dict[str, ObjectInfo]:
+    """Temp files in the records dir of the entry ``key`` (a marker a killed writer staged
+    and never published), keyed as a listing of that dir names them. No records of the
+    entry (`survey`), but removed with them, and a new one is a writer at work: left
+    out of what a removal expects, every entry a writer was killed in the middle of
+    committing was skipped by every clean, "its records changed"."""
+    prefix = _lease_key(key)[: -len(LEASE_NAME)]
+    return {k[len(prefix):]: i for k, i in sv.temps.items() if k.startswith(prefix)}
+
+
 def _watch_leases(sv: Survey, leases: dict[str, LeaseSeen], lease_wait: float,
                   sleep: Callable[[float], None]) -> tuple[dict[str, LeaseState], float]:
     """Which leases are alive: list, wait their stale_after (capped), list again.
@@ -649,7 +659,8 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         if odd := sv.attempt_folders(key):
             reason += f"; {odd}"
         items.append(CleanItem(kind, url, reason, age, f.objects, f.size, key=key,
-                               expect={k: i.version for k, i in f.records.items()}))
+                               expect={k: i.version for k, i in
+                                       {**f.records, **_record_temps(sv, key)}.items()}))
 
     for key, f in sorted(sv.entries.items()):
         # Attempt records (and their fragments) left beside a marker: the committing
