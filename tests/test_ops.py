@@ -1497,3 +1497,30 @@ def test_clean_removes_a_writer_killed_with_its_marker_staged(tmp_path: Path) ->
     assert [(i.kind, i.status, i.detail) for i in report.items] == [("entry", "removed", "")]
     assert Entry(f"{root}/ent").state() is State.ABSENT
     assert not records.exists() or not list(records.iterdir())
+
+
+def test_clean_removes_a_writer_killed_in_its_first_object(tmp_path: Path) -> None:
+    """A writer SIGKILLed while it wrote its first object (kill sweep: 6 of 35 local
+    @cached kills, the result's temp file open) left its attempt record and that temp file
+    alone: clean planned the records ("data is gone"), found the temp file at the removal,
+    and skipped the entry for good, "data appeared since the plan". The temp file is the
+    entry's data, removed with it."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._protocol import attempt_record_bytes
+    from durable._scan import survey
+    from durable.adapters import resolve
+    from durable.adapters.local import TMP_MARK
+
+    root = os.path.realpath(tmp_path)
+    attempt = "0123456789abcdef0123456789abcdef"
+    record = Path(root, ".durable", "e", "attempts", f"{attempt}.json")
+    record.parent.mkdir(parents=True)
+    record.write_bytes(attempt_record_bytes(attempt))
+    Path(root, "e").mkdir()
+    Path(root, "e", f".value.npy{TMP_MARK}2c048909669f").write_bytes(b"half a result")
+    sv = survey(*resolve(root))
+    report = apply_clean(sv, plan_clean(sv, older_than=0, lease_wait=0))
+    assert [(i.kind, i.status, i.detail) for i in report.items] == [("entry", "removed", "")]
+    assert Entry(f"{root}/e").state() is State.ABSENT
+    assert not Path(root, "e").exists() and not record.exists()

@@ -647,7 +647,10 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             continue
         assert age is not None
         since = f"{source} {fmt_age(age)} ago ({whose}'s clock)"
-        if f.objects:
+        # A temp file alone (a writer killed in its first object) is data to remove with
+        # the records: planned as records only, it was "data appeared since the plan" at
+        # every removal, and the entry stayed INCOMPLETE for good.
+        if f.objects or (key and any(k.startswith(f"{key}/") for k in sv.temps)):
             kind: CleanKind = "entry"
             reason = (f"never committed: {len(f.attempts)} attempt records, {since}"
                       if f.attempts else f"records but no marker, {since}")
