@@ -29,7 +29,6 @@ __all__ = ["atomic_write", "publish"]
 _BUFFER = 1024 * 1024
 
 
-@contextlib.contextmanager
 def atomic_write(
     url: str,
     mode: str = "wb",
@@ -39,7 +38,7 @@ def atomic_write(
     verify: VerifyLevel | None = None,
     encoding: str | None = None,
     newline: str | None = None,
-) -> Iterator[IO[Any]]:
+) -> contextlib.AbstractContextManager[IO[Any]]:
     """Write ``url`` so that it appears whole on clean exit and is untouched otherwise.
 
     ``mode``: ``"wb"``/``"w"`` replace the target, ``"xb"``/``"x"`` create it only if it
@@ -69,8 +68,23 @@ def atomic_write(
     ``.durable/``): EntryExistsError naming both, and nothing is published (one marker
     read per folder above; on an object store all at once, while the caller writes).
     """
+    # Checked here, at the call, not when the block is entered: `atomic_write(url, data)`
+    # (the data where the mode goes) without `with` wrote nothing and said nothing.
+    if not isinstance(mode, str):
+        raise TypeError(f"atomic_write(url, mode) is a context manager: write with `with "
+                        f"durable.atomic_write(url) as f: f.write(data)`; mode must be 'wb', "
+                        f"'w', 'xb' or 'x', got {type(mode).__name__} {mode!r:.40}")
     if mode not in ("wb", "w", "xb", "x", "wt", "xt"):
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")
+    return _atomic_write(url, mode, storage_options=storage_options, record=record,
+                         verify=verify, encoding=encoding, newline=newline)
+
+
+@contextlib.contextmanager
+def _atomic_write(url: str, mode: str, *, storage_options: dict[str, Any] | None,
+                  record: bool, verify: VerifyLevel | None, encoding: str | None,
+                  newline: str | None) -> Iterator[IO[Any]]:
+    """`atomic_write`, its arguments checked."""
     if os.fspath(url).endswith("/"):
         # fsspec drops the slash: "newdir/" would be written as a file named newdir.
         raise IsADirectoryError(errno.EISDIR, "a directory, not a file to write",
