@@ -323,6 +323,17 @@ class Adapter(ABC):
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         """A seekable reader of the object `info` describes; raise if it was replaced."""
 
+    def read_range(self, path: str, info: ObjectInfo, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` of the version ``info`` names (fewer only where
+        the object ends first): one ranged request where the store serves one, refused
+        (IntegrityError) if the object is another version now, never its bytes; a body of
+        another length is an IntegrityError too (a short body is never a short read)."""
+        want = max(0, min(length, info.size - start))
+        with self.open_read(path, info) as f:
+            f.seek(start)
+            data = f.read(want)
+        return exact_range(self.url(path), data, start, want)
+
     def open_whole(self, path: str) -> tuple[ObjectInfo, BinaryIO] | None:
         """The object's info (``record`` included where the adapter reads it) and a reader
         of that version from byte 0; None if absent. S3 answers both with one GET."""
@@ -501,6 +512,15 @@ class Adapter(ABC):
     @abstractmethod
     def delete_prefix(self, prefix: str) -> None:
         """Remove ``prefix`` and everything below it; missing is fine."""
+
+
+def exact_range(url: str, data: bytes, start: int, want: int) -> bytes:
+    """``data``, if it is the ``want`` bytes asked for from ``start``; else IntegrityError
+    (a body that ended early taken for the object's end would shift every value after)."""
+    if len(data) != want:
+        raise IntegrityError(f"{url}: asked for {want} bytes from byte {start}, {len(data)} "
+                             "arrived (a short body)", url=url, expected=want, found=len(data))
+    return data
 
 
 def strong_etag(raw: object, url: str) -> str:
