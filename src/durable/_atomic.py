@@ -38,6 +38,7 @@ def atomic_write(
     verify: VerifyLevel | None = None,
     encoding: str | None = None,
     newline: str | None = None,
+    allow_error_document: bool = False,
 ) -> contextlib.AbstractContextManager[IO[Any]]:
     """Write ``url`` so that it appears whole on clean exit and is untouched otherwise.
 
@@ -64,6 +65,12 @@ def atomic_write(
     CRC32C it was sent meets ``"size"`` and ``"probe"`` with no request (the store checked
     that CRC over exactly the bytes it took); see docs/guarantees.md.
 
+    Bytes that are an object store's error document (an S3 ``<Error><Code>AccessDenied``
+    page, a GCS JSON error), written with ``record=True``, are refused at exit
+    (IntegrityError, nothing published): a failed download handed over as the file would
+    be recorded, and every verified read would return the page as data (incident 003).
+    ``allow_error_document=True`` writes them where they really are the data.
+
     Inside a committed entry (a directory or prefix whose marker is in an ancestor's
     ``.durable/``): EntryExistsError naming both, and nothing is published (one marker
     read per folder above; on an object store all at once, while the caller writes).
@@ -77,13 +84,14 @@ def atomic_write(
     if mode not in ("wb", "w", "xb", "x", "wt", "xt"):
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")
     return _atomic_write(url, mode, storage_options=storage_options, record=record,
-                         verify=verify, encoding=encoding, newline=newline)
+                         verify=verify, encoding=encoding, newline=newline,
+                         allow_error_document=allow_error_document)
 
 
 @contextlib.contextmanager
 def _atomic_write(url: str, mode: str, *, storage_options: dict[str, Any] | None,
                   record: bool, verify: VerifyLevel | None, encoding: str | None,
-                  newline: str | None) -> Iterator[IO[Any]]:
+                  newline: str | None, allow_error_document: bool) -> Iterator[IO[Any]]:
     """`atomic_write`, its arguments checked."""
     if os.fspath(url).endswith("/"):
         # fsspec drops the slash: "newdir/" would be written as a file named newdir.
@@ -116,6 +124,9 @@ def _atomic_write(url: str, mode: str, *, storage_options: dict[str, Any] | None
         pool.shutdown(wait=False)
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
+    if record and not allow_error_document:
+        raw.refuse_error_documents(adapter.url(path),
+                                   "write them with atomic_write(url, allow_error_document=True)")
     buffered = (io.BufferedWriter if "b" in mode else GrowingBuffer)(raw, buffer_size=_BUFFER)
     handle: IO[Any]
     if "b" in mode:
