@@ -147,6 +147,38 @@ def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
                                 xr.concat([first, second], "t").load())
 
 
+def test_a_failed_append_is_not_offered_for_adoption(target: Target) -> None:
+    """A failed append holds the entry's metadata back among its records. The error of a
+    read said "written without durable? ... mark_complete() commits it as it is", and
+    mark_complete did: the entry read COMPLETE without its zarr.json."""
+    url = target.url("adopt.zarr")
+    first, second = dataset(0, 8), dataset(8, 8)
+    dx.to_zarr(first, url, storage_options=target.options)
+
+    def fail_on_the_second_chunk(block: np.ndarray, block_info: Any = None) -> np.ndarray:
+        if block_info[0]["chunk-location"][0] == 1:
+            raise Boom("killed part-way")
+        return block
+
+    failing = second.assign(temp=second.temp.copy(data=second.temp.data.map_blocks(
+        fail_on_the_second_chunk, dtype="float32")))
+    with pytest.raises(Boom):
+        dx.to_zarr(failing, url, storage_options=target.options, mode="a", append_dim="t")
+    entry = Entry(url, storage_options=target.options)
+    with pytest.raises(IncompleteError) as read:
+        dx.open_zarr(url, storage_options=target.options)
+    assert "mark_complete" not in str(read.value)
+    assert "resume=True" in str(read.value)
+    with pytest.raises(IncompleteExistsError, match="has durable records but no marker"):
+        entry.mark_complete()
+    assert entry.state() is State.INCOMPLETE
+    # The way out the error names still works.
+    dx.to_zarr(second.drop_vars("y"), url, storage_options=target.options, mode="r+",
+               region={"t": slice(8, 16)}, resume=True)
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                xr.concat([first, second], "t").load())
+
+
 def test_an_append_xarray_refuses_before_a_chunk_leaves_the_last_commit_complete(
         target: Target) -> None:
     """xarray refused the append (a variable of another shape, another dtype, a dimension
