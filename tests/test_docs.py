@@ -172,9 +172,12 @@ PLAIN_ZARR_WARNING = pytest.mark.filterwarnings(
     "ignore:Consolidated metadata is currently not part")
 
 
+# The README imports every integration (zarr, xarray, tensorstore): several seconds.
+MARKS = {"docs/migration.md": [PLAIN_ZARR_WARNING], "README.md": [pytest.mark.slow]}
+
+
 @pytest.mark.s3
-@pytest.mark.parametrize("page", [pytest.param(p, marks=PLAIN_ZARR_WARNING)
-                                  if p == "docs/migration.md" else p for p in PAGES])
+@pytest.mark.parametrize("page", [pytest.param(p, marks=MARKS.get(p, [])) for p in PAGES])
 def test_page_runs_as_written(page: str, s3_bucket: Bucket, tmp_path: Path,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     # The endpoint as a user sets it for every client at once (botocore, s3fs, tensorstore).
