@@ -19,6 +19,11 @@ from durable import Entry
 from durable import _background as background
 from durable.testing.faults import FaultProxy
 from durable.testing.pytest_plugin import Bucket
+from durable.testing.servers import set_network_guards
+
+# Before any test module imports gcsfs or a cloud SDK (they read some of these once): the
+# plugin sets them only when a server fixture starts.
+set_network_guards()
 
 
 class Place:
