@@ -50,7 +50,7 @@ class WrittenChecksum(Checksum):
 
 class S3AtomicFile(AtomicFile):
     def __init__(self, adapter: S3Adapter, path: str, *, create_only: bool,
-                 head_check: bool) -> None:
+                 head_check: bool, if_none_match: bool = True) -> None:
         bucket, key = adapter._split(path)  # a path it refuses: before anything to abort
         super().__init__(path)
         self.checksum: WrittenChecksum = WrittenChecksum()
@@ -59,6 +59,8 @@ class S3AtomicFile(AtomicFile):
         self._bucket, self._key = bucket, key
         self._create_only = create_only
         self._head_check = create_only and head_check
+        # Off where the endpoint refuses the header (HTTP 501): it would fail the write.
+        self._if_none_match = if_none_match
         # Names this write in the object's metadata: a create-only request refused (412)
         # by an object carrying it was refused by this very write, landed by an earlier
         # attempt whose answer was lost (see `_landed`).
@@ -85,7 +87,7 @@ class S3AtomicFile(AtomicFile):
             return {}
         if self._head_check and self._a.info(self.path) is not None:
             raise FileExistsError(f"{self._url} already exists (create-only write)")
-        return {"IfNoneMatch": "*"}
+        return {"IfNoneMatch": "*"} if self._if_none_match else {}
 
     def _send_part(self, size: int) -> None:
         with memoryview(self._buf) as view:

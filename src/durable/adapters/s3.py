@@ -89,6 +89,11 @@ _LIGHT_PUT_MAX = 1024 * 1024  # PUTs up to this size may go through obstore (`_s
 #: The name of every endpoint-probe object (followed by a uuid): recognisable if a crash
 #: leaves one behind.
 PROBE_PREFIX = ".durable-probe-"
+# How an endpoint refuses a condition it does not implement, where the same request
+# without it succeeded a moment before: S3-compatible stores and gateways answer a header
+# they lack with 501 NotImplemented, some with 400. The header is refused, not the write:
+# sent again, it would fail every write (`_refusals`).
+_NOT_IMPLEMENTED = frozenset({400, 501})
 
 
 class _EndpointCapabilities:
@@ -98,9 +103,11 @@ class _EndpointCapabilities:
         enforced = None if obj is None else obj.create_only_known()
         conditional = None if obj is None else obj.conditional_known()
         if enforced is False:
+            refused = obj.refusal("If-None-Match") if obj else None
+            how = f"refuses If-None-Match ({refused})" if refused else "ignores If-None-Match"
             return Capabilities(
                 atomic_objects=True, create_only=False, durable=True, pinned_reads=True,
-                note="this endpoint ignores If-None-Match (probed): create-only is a HEAD "
+                note=f"this endpoint {how} (probed): create-only is a HEAD "
                      "before the write, which two racing writers can both pass",
                 conditional_writes=conditional is not False, object_records=True)
         note = ("PutObject or a multipart upload completed at commit; CRC32C sent per part "
@@ -108,7 +115,9 @@ class _EndpointCapabilities:
         if enforced is None:
             note += "; If-None-Match is probed on the endpoint at the first create-only write"
         if conditional is False:
-            note += "; this endpoint ignores If-Match on PUT/DELETE (probed): no leases"
+            refused = obj.refusal("If-Match") if obj else None
+            how = f"refuses If-Match ({refused})" if refused else "ignores If-Match"
+            note += f"; this endpoint {how} on PUT/DELETE (probed): no leases"
         else:
             note += "; conditional writes by If-Match on PUT and DELETE"
         return Capabilities(atomic_objects=True, create_only=True, durable=True,
@@ -137,6 +146,8 @@ class S3Adapter(Adapter):
     _create_only_by_endpoint: ClassVar[dict[str, bool]] = {}
     # Endpoint URL -> whether it enforces If-Match on PutObject and DeleteObject.
     _conditional_by_endpoint: ClassVar[dict[str, bool]] = {}
+    # "<endpoint> <header>" -> how the endpoint refused that header (never sent again there).
+    _refusals: ClassVar[dict[str, str]] = {}
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, fs: Any, *, part_size: int = 8 * MiB, max_in_flight: int = 4,
@@ -195,6 +206,8 @@ class S3Adapter(Adapter):
         with cls._probe_lock:
             for verdicts in (cls._create_only_by_endpoint, cls._conditional_by_endpoint):
                 verdicts.pop(endpoint.rstrip("/"), None)
+            for header in ("If-None-Match", "If-Match"):
+                cls._refusals.pop(f"{endpoint.rstrip('/')} {header}", None)
 
     # endpoint probes ----------------------------------------------------------------------
     def _probed(self, verdicts: dict[str, bool], path: str,
@@ -253,14 +266,39 @@ class S3Adapter(Adapter):
         """Whether this endpoint enforces If-None-Match; probed once, for a write of ``path``."""
         return self._probed(self._create_only_by_endpoint, path, self._probe_create_only)
 
+    def refusal(self, header: str) -> str | None:
+        """How this endpoint refused ``header`` ("If-None-Match", "If-Match") when probed,
+        if it did: it is then never sent there."""
+        return self._refusals.get(f"{self._endpoint()} {header}")
+
+    def _refused(self, exc: BaseException, header: str) -> bool:
+        """Whether ``exc`` is the endpoint refusing ``header`` as not implemented; if so,
+        noted (`_refusals`) and warned of."""
+        status, code, message = error_fields(exc)
+        if status not in _NOT_IMPLEMENTED and code != "NotImplemented":
+            return False
+        said = f"HTTP {status} {code}: {message}".rstrip(": ")
+        self._refusals[f"{self._endpoint()} {header}"] = said
+        log.warning("%s: the endpoint refuses %s (%s): %s", self._endpoint(), header, said,
+                    "create-only writes fall back to a racy HEAD check"
+                    if header == "If-None-Match" else "no conditional writes, no leases")
+        return True
+
     def _probe_create_only(self, path: str) -> bool:
         body = b"durable create-only probe"
         with self._probe_object(path, body) as (bucket, key, url):
             try:
-                self._call("put_object", url, "create-only probe PUT", create_only=True,
-                           Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
-            except FileExistsError:
-                return True
+                sync(self.fs.loop, self.fs._call_s3, "put_object", Bucket=bucket, Key=key,
+                     Body=body, IfNoneMatch="*")
+            except Exception as exc:
+                if error_fields(exc)[0] == 412:
+                    return True
+                # The same PUT without the header was taken a moment before: refusing
+                # this one, the endpoint refuses the header. Sent on every create-only
+                # write, it failed them all with this probe's error.
+                if self._refused(exc, "If-None-Match"):
+                    return False
+                raise failure(exc, url, "create-only probe PUT", create_only=True) from exc
         log.warning("%s: the endpoint ignores If-None-Match: create-only writes fall back "
                     "to a racy HEAD check", self._endpoint())
         return False
@@ -282,9 +320,13 @@ class S3Adapter(Adapter):
                     sync(self.fs.loop, self.fs._call_s3, method, Bucket=bucket, Key=key,
                          IfMatch=wrong, **extra)
                 except Exception as exc:
-                    if error_fields(exc)[0] != 412:
-                        raise failure(exc, url, f"conditional probe {method}") from exc
-                    continue
+                    if error_fields(exc)[0] == 412:
+                        continue
+                    # Refused as not implemented: no leases (UnsupportedError), never a
+                    # clean or an atomic_write failing on this probe's error.
+                    if self._refused(exc, "If-Match"):
+                        return False
+                    raise failure(exc, url, f"conditional probe {method}") from exc
                 log.warning("%s: the endpoint ignores If-Match on %s: no leases here",
                             self._endpoint(), method)
                 return False
@@ -354,7 +396,8 @@ class S3Adapter(Adapter):
                     durable: bool = True) -> AtomicFile:
         # durable is moot: S3 acknowledges a write once it is stored durably.
         enforced = self.create_only_enforced(path) if create_only else True
-        return S3AtomicFile(self, path, create_only=create_only, head_check=not enforced)
+        return S3AtomicFile(self, path, create_only=create_only, head_check=not enforced,
+                            if_none_match=self.refusal("If-None-Match") is None)
 
     # reading ------------------------------------------------------------------------------
     def info(self, path: str) -> ObjectInfo | None:

@@ -1,0 +1,95 @@
+"""Quirks of S3-compatible stores that are not AWS S3 (MinIO, Ceph RGW, Cloudflare R2,
+Backblaze B2, Wasabi, AIStore), each emulated by the fault proxy in front of moto: durable
+falls back where it safely can and says what it then guarantees, or refuses naming the
+object, what it expected and what it found; it never returns a short or error body as data
+nor commits one COMPLETE."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from durable import Entry, Lease, State, UnsupportedError, atomic_write, read_verified
+from durable.adapters.s3 import S3Adapter
+from durable.testing import faults
+from durable.testing.faults import FaultProxy, Match
+from durable.testing.pytest_plugin import Bucket
+
+pytestmark = pytest.mark.s3
+
+
+@pytest.fixture
+def store(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
+    """A fault proxy in front of moto and storage options through it, probed afresh: what
+    durable learns of an endpoint is kept per URL, and an earlier proxy may have had this
+    port."""
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        S3Adapter.forget_endpoint(proxy.url)
+        yield proxy, {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        S3Adapter.forget_endpoint(proxy.url)
+
+
+def _with_header(name: str) -> Match:
+    return Match(where=lambda request: name in request.headers)
+
+
+def _sent_with(proxy: FaultProxy, header: str) -> int:
+    return sum(1 for r in proxy.requests if header in r.headers)
+
+
+# --- conditional writes not implemented ----------------------------------------------------
+
+# A store answers a header it lacks with 501 NotImplemented ("A header you provided implies
+# functionality that is not implemented", S3's own wording), some gateways with 400.
+REFUSALS = [(501, "NotImplemented"), (400, "InvalidArgument")]
+
+
+@pytest.mark.parametrize(("status", "code"), REFUSALS)
+def test_an_endpoint_refusing_if_none_match_falls_back_and_says_so(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], status: int,
+        code: str) -> None:
+    proxy, options = store
+    proxy.add(faults.error(status, code, "A header you provided implies functionality that "
+                           "is not implemented", match=_with_header("if-none-match")))
+    entry = Entry(s3_bucket.path("ds"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("part-0", b"tokens")
+    assert entry.state() is State.COMPLETE
+    with atomic_write(s3_bucket.path("ckpt.pt"), storage_options=options) as f:
+        f.write(b"weights")
+    assert read_verified(s3_bucket.path("ckpt.pt"), storage_options=options) == b"weights"
+
+    caps = entry.adapter.capabilities
+    assert caps.create_only is False
+    assert f"refuses If-None-Match (HTTP {status} {code}" in caps.note
+    assert _sent_with(proxy, "if-none-match") == 1  # the probe alone: never sent again
+    # Create-only is the HEAD check the guarantees promise there, nothing more.
+    with pytest.raises(FileExistsError, match=r"ckpt\.pt already exists"):
+        entry.adapter.put(s3_bucket.path("ckpt.pt"), b"other", create_only=True)
+    assert read_verified(s3_bucket.path("ckpt.pt"), storage_options=options) == b"weights"
+    with pytest.raises(UnsupportedError, match=f"refuses If-None-Match .HTTP {status}"):
+        Lease(s3_bucket.path("ds"), storage_options=options).acquire()
+
+
+@pytest.mark.parametrize(("status", "code"), REFUSALS)
+def test_an_endpoint_refusing_if_match_has_no_leases_and_says_why(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], status: int,
+        code: str) -> None:
+    proxy, options = store
+    # Refused on writes only: reads pinned by If-Match work on every store durable supports.
+    proxy.add(faults.error(status, code, "Not implemented", match=Match(
+        methods=("PUT", "DELETE"), where=lambda request: "if-match" in request.headers)))
+    entry = Entry(s3_bucket.path("ds"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("part-0", b"tokens")
+    with pytest.raises(UnsupportedError, match=rf"refuses If-Match \(HTTP {status} {code}"):
+        Lease(entry).acquire()
+    adapter = entry.adapter
+    assert adapter.supports_conditional(s3_bucket.path("x")) is False
+    assert adapter.capabilities.conditional_writes is False
+    # Leases are out; everything else goes on: a best-effort lease, the entry's reads.
+    with Lease(entry, best_effort=True):
+        pass
+    assert entry.state() is State.COMPLETE
