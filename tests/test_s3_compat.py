@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from durable import Entry, Lease, State, UnsupportedError, atomic_write, read_verified
+from durable import (
+    Entry,
+    IntegrityError,
+    Lease,
+    State,
+    UnsupportedError,
+    atomic_write,
+    read_verified,
+)
 from durable.adapters.s3 import S3Adapter
 from durable.testing import faults
 from durable.testing.faults import FaultProxy, Match
@@ -93,3 +101,26 @@ def test_an_endpoint_refusing_if_match_has_no_leases_and_says_why(
     with Lease(entry, best_effort=True):
         pass
     assert entry.state() is State.COMPLETE
+
+
+# --- answers missing what durable checks ---------------------------------------------------
+
+def test_a_head_without_content_length_is_named_never_a_key_error(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]]) -> None:
+    proxy, options = store
+    entry = Entry(s3_bucket.path("ds"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("part-0", b"tokens")
+    # A gateway that leaves Content-Length off its HEAD answers (chunked framing instead).
+    proxy.add(faults.strip_headers("^content-length$", method="HEAD"))
+    for check in (entry.state, lambda: entry.adapter.info(s3_bucket.path("ds", "part-0"))):
+        with pytest.raises(IntegrityError, match=r"ds/(\.durable/commit\.json|part-0): HEAD "
+                           r"answered without a Content-Length") as caught:
+            check()
+        assert caught.value.found is None
+    # A PUT answered without the CRC32C sent is checked by a HEAD: without a size, refused.
+    proxy.add(faults.strip_headers(method="PUT"))
+    with pytest.raises(IntegrityError, match=r"ckpt: HEAD( after write)? answered without a "
+                       "Content-Length"), \
+            atomic_write(s3_bucket.path("ckpt"), storage_options=options) as f:
+        f.write(b"weights")

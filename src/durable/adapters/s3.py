@@ -57,6 +57,7 @@ from durable.adapters._s3_http import (
     MULTIPART_ETAG,
     S3Body,
     check_response,
+    content_size,
     error_fields,
     etag,
     failure,
@@ -409,7 +410,7 @@ class S3Adapter(Adapter):
             resp = self._call("head_object", url, "HEAD", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return None
-        return ObjectInfo(path, int(resp["ContentLength"]), etag(resp.get("ETag"), url),
+        return ObjectInfo(path, content_size(resp, url, "HEAD"), etag(resp.get("ETag"), url),
                           _timestamp(resp.get("LastModified")),
                           record_fields(resp.get("Metadata")))
 
@@ -501,7 +502,7 @@ class S3Adapter(Adapter):
         except FileNotFoundError:
             return None
         try:
-            info = ObjectInfo(path, int(resp["ContentLength"]), etag(resp.get("ETag"), url),
+            info = ObjectInfo(path, content_size(resp, url, "GET"), etag(resp.get("ETag"), url),
                               _timestamp(resp.get("LastModified")),
                               record_fields(resp.get("Metadata")))
         except BaseException:
@@ -587,7 +588,7 @@ class S3Adapter(Adapter):
         except FileNotFoundError:
             raise IntegrityError(f"{url}: written but not found afterwards", url=url) from None
         tag = etag(head.get("ETag"), url)
-        info = ObjectInfo(path, int(head["ContentLength"]), tag)
+        info = ObjectInfo(path, content_size(head, url, "HEAD after write"), tag)
         if info.size != checksum.size:
             raise IntegrityError(f"{url}: wrote {checksum.size} bytes, the store holds "
                                  f"{info.size}", url=url, expected=checksum.size,
