@@ -432,10 +432,12 @@ class S3Adapter(Adapter):
                 return dict(sorted(got.items()))
         out: dict[str, ObjectInfo] = {}
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
+        call, what = "list_objects_v2", "ListObjectsV2"
         tokens: set[str] = set()
         while True:
-            resp = self._call("list_objects_v2", self.url(prefix), "ListObjectsV2", **kwargs)
-            for obj in resp.get("Contents", []):
+            resp = self._call(call, self.url(prefix), what, **kwargs)
+            contents = resp.get("Contents", [])
+            for obj in contents:
                 path = f"{bucket}/{obj['Key']}"
                 if obj["Key"][len(start):] in out:
                     raise circling(self.url(prefix), self.url(path))
@@ -445,14 +447,23 @@ class S3Adapter(Adapter):
             if not resp.get("IsTruncated"):
                 return dict(sorted(out.items()))
             token = resp.get("NextContinuationToken")
-            if not token:
-                # Without a token the rest of the listing is unreachable: never return a part.
-                raise OSError(f"{self.url(prefix)}: truncated listing without a continuation "
-                              "token")
-            if token in tokens:  # one that never advances: the same page for ever
-                raise circling(self.url(prefix), f"continuation token {token!r}")
-            tokens.add(token)
-            kwargs["ContinuationToken"] = token
+            if token and call == "list_objects_v2":
+                if token in tokens:  # one that never advances: the same page for ever
+                    raise circling(self.url(prefix), f"continuation token {token!r}")
+                tokens.add(token)
+                kwargs["ContinuationToken"] = token
+                continue
+            # Truncated without a token: a store that answers ListObjectsV2 as the original
+            # ListObjects (pages by Marker), or leaves the token off. Go on after the last
+            # key of the page, by ListObjects' Marker, which every S3 store takes (a page
+            # that starts over is caught above as circling). The rest of the listing was
+            # unreachable, and every commit, verify and scan of a large entry refused.
+            if not contents:
+                raise OSError(f"{self.url(prefix)}: {what} answered a truncated page with "
+                              "no keys and no continuation token: the rest of the listing "
+                              "is unreachable")
+            call, what = "list_objects", "ListObjects"
+            kwargs = {"Bucket": bucket, "Prefix": start, "Marker": contents[-1]["Key"]}
 
     def _parse_timestamps_fast(self) -> None:
         """botocore parses every listed object's LastModified with dateutil, 57 us each: a
