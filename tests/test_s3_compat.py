@@ -168,3 +168,32 @@ def test_a_store_paging_without_continuation_tokens_is_listed_whole(
     assert sorted(adapter.list(records)) == [f"{i}.json" for i in range(5)]
     listings = [r for r in proxy.requests if r.method == "GET" and not r.key]
     assert any("marker" in r.query for r in listings)  # went on by ListObjects' Marker
+
+
+def _unlisted(key: str) -> Any:
+    """A listing body without ``key``: a store whose listing lags a PUT that returned."""
+    return lambda body: re.sub(rb"<Contents><Key>" + re.escape(key.encode()) +
+                               rb"</Key>.*?</Contents>", b"", body, flags=re.S)
+
+
+def test_a_listing_that_lags_the_writes_neither_fails_nor_shortens_a_commit(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]]) -> None:
+    proxy, options = store
+    entry = Entry(s3_bucket.path("ds"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("part-0", b"tokens 0")
+        w.write_bytes("part-1", b"tokens 1")
+        proxy.add(faults.rewrite_body(_unlisted("ds/part-1"), method="GET",
+                                      query="list-type"))
+    proxy.clear()  # the listing caught up
+    assert entry.state() is State.COMPLETE
+    report = entry.verify(deep=True)
+    assert report.objects == 2 and not report.problems  # part-1 is in the manifest
+    # One truly gone is still refused, naming it.
+    gone = Entry(s3_bucket.path("gone"), storage_options=options)
+    with pytest.raises(IntegrityError, match=r"gone/part-1: written by this writer but "
+                       "gone at commit"), gone.writing() as w:
+        w.write_bytes("part-0", b"tokens 0")
+        w.write_bytes("part-1", b"tokens 1")
+        gone.adapter.delete([s3_bucket.path("gone", "part-1")])
+    assert gone.state() is not State.COMPLETE

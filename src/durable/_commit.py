@@ -379,6 +379,13 @@ def _reconcile(entry: Entry, writer: EntryWriter, recorded: dict[str, ObjectReco
         entry.adapter.delete(leftovers)
         for k in [k for k, i in listing.items() if i.path in leftovers]:
             del listing[k]
+    # A store whose listings lag its writes (eventually consistent listings, a gateway
+    # caching them) leaves out an object just written, where a HEAD already finds it:
+    # refused as gone, every commit right after its writes failed on such a store.
+    for key in [k for k in recorded if k not in listing]:
+        info = entry.adapter.info(f"{entry.path}/{key}")
+        if info is not None:
+            listing[key] = info
     problems = []
     for key, rec in recorded.items():
         found = listing.get(key)
