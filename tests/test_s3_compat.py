@@ -6,10 +6,12 @@ nor commits one COMPLETE."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
 
+import fsspec
 import pytest
 
 from durable import (
@@ -21,8 +23,8 @@ from durable import (
     atomic_write,
     read_verified,
 )
-from durable.adapters import _s3_light
-from durable.adapters.s3 import S3Adapter
+from durable.adapters import _s3_light, adapter_for_fs
+from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
 from durable.testing import faults
 from durable.testing.faults import FaultProxy, Match
 from durable.testing.pytest_plugin import Bucket
@@ -197,3 +199,29 @@ def test_a_listing_that_lags_the_writes_neither_fails_nor_shortens_a_commit(
         w.write_bytes("part-1", b"tokens 1")
         gone.adapter.delete([s3_bucket.path("gone", "part-1")])
     assert gone.state() is not State.COMPLETE
+
+
+# --- checksums -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("status", "code"), REFUSALS)
+def test_an_endpoint_refusing_the_full_object_checksum_type_still_takes_large_objects(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], status: int,
+        code: str) -> None:
+    # FULL_OBJECT came to S3 in December 2024; a store without it refuses the header.
+    proxy, options = store
+    proxy.add(faults.error(status, code, "x-amz-checksum-type is not implemented",
+                           match=_with_header("x-amz-checksum-type")))
+    adapter = adapter_for_fs(fsspec.filesystem("s3", **options))  # the one atomic_write gets
+    assert isinstance(adapter, S3Adapter)
+    adapter.part_size = MIN_PART_SIZE
+    data = os.urandom(2 * MIN_PART_SIZE + 1000)  # three parts
+    for name in ("a.pt", "b.pt"):
+        url = s3_bucket.path(name)
+        with atomic_write(url, storage_options=options) as f:
+            f.write(data)
+        assert read_verified(url, storage_options=options) == data
+    # Refused once, then never sent again; each part's CRC32C still was.
+    assert _sent_with(proxy, "x-amz-checksum-type") == 1
+    assert sum(1 for r in proxy.requests if "partNumber" in r.query) == 6
+    assert f"refuses the FULL_OBJECT checksum type (HTTP {status} {code}" in \
+        adapter.capabilities.note

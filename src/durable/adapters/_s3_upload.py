@@ -24,7 +24,8 @@ from durable.adapters.base import AtomicFile, ObjectInfo
 if TYPE_CHECKING:
     from durable.adapters.s3 import S3Adapter
 
-__all__ = ["MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE", "S3AtomicFile", "WrittenChecksum"]
+__all__ = ["FULL_OBJECT", "MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE", "S3AtomicFile",
+           "WrittenChecksum"]
 
 log = logging.getLogger("durable.adapters.s3")
 
@@ -32,6 +33,8 @@ MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PART_SIZE = 5 * 1024 * MiB
 MAX_PARTS = 10_000
+#: How `S3Adapter.refusal` names the multipart checksum type FULL_OBJECT.
+FULL_OBJECT = "x-amz-checksum-type: FULL_OBJECT"
 
 
 class WrittenChecksum(Checksum):
@@ -70,6 +73,7 @@ class S3AtomicFile(AtomicFile):
         self._upload_id: str | None = None
         self._inflight: list[tuple[int, int, concurrent.futures.Future[Any]]] = []
         self._parts: list[dict[str, Any]] = []
+        self._full = False  # this upload's checksum type is FULL_OBJECT (`_create`)
 
     def _part_size(self) -> int:
         grow = len(self.checksum.part_ends) // 1000
@@ -94,14 +98,7 @@ class S3AtomicFile(AtomicFile):
             data = view[:size].tobytes()
         del self._buf[:size]
         if self._upload_id is None:
-            full = self._a.full_object_checksum
-            extra: dict[str, Any] = {"ChecksumType": "FULL_OBJECT"} if full else {}
-            if self._token is not None:
-                extra["Metadata"] = self._token
-            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
-                                 Bucket=self._bucket, Key=self._key, ChecksumAlgorithm="CRC32C",
-                                 **extra)
-            self._upload_id = str(resp["UploadId"])
+            self._upload_id = self._create()
         number = len(self.checksum.part_ends) + 1
         if number > MAX_PARTS:
             raise ValueError(f"{self._url}: over {MAX_PARTS} parts; raise part_size")
@@ -116,6 +113,31 @@ class S3AtomicFile(AtomicFile):
                                    ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_to_b64(crc))
         self._inflight.append((number, crc, asyncio.run_coroutine_threadsafe(coro,
                                                                             self._a.fs.loop)))
+
+    def _create(self) -> str:
+        """CreateMultipartUpload; its UploadId. FULL_OBJECT (a checksum type S3 added in
+        2024) where the endpoint has not refused it: one that refuses it as not
+        implemented is asked again without it, and never sent it again (`_full`)."""
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key,
+                                  "ChecksumAlgorithm": "CRC32C"}
+        if self._token is not None:
+            kwargs["Metadata"] = self._token
+        self._full = self._a.full_object_checksum and self._a.refusal(FULL_OBJECT) is None
+        full: dict[str, Any] = {"ChecksumType": "FULL_OBJECT"} if self._full else {}
+        try:
+            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
+                                 **kwargs, **full)
+        except OSError as exc:
+            # Refused, every object over part_size failed to write on such a store. (No
+            # bytes go with this request: a 400 here is never a checksum mismatch.)
+            said = self._a.refused(exc, FULL_OBJECT, note=False) if self._full else None
+            if said is None:
+                raise
+            self._full = False
+            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
+                                 **kwargs)
+            self._a.note_refusal(FULL_OBJECT, said)  # refused for FULL_OBJECT alone
+        return str(resp["UploadId"])
 
     def _collect(self, number: int, crc: int, future: concurrent.futures.Future[Any]) -> None:
         try:
@@ -170,7 +192,7 @@ class S3AtomicFile(AtomicFile):
             self._collect(*self._inflight.pop(0))
         parts = sorted(self._parts, key=lambda p: int(p["PartNumber"]))
         extra: dict[str, Any] = {}
-        if self._a.full_object_checksum:
+        if self._full:
             extra = {"ChecksumType": "FULL_OBJECT", "MpuObjectSize": self.checksum.size,
                      "ChecksumCRC32C": crc_to_b64(self.checksum.crc)}
         try:

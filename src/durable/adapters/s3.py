@@ -65,7 +65,13 @@ from durable.adapters._s3_http import (
 )
 from durable.adapters._s3_light import get_small, light_store, list_below
 from durable.adapters._s3_light import put as light_put
-from durable.adapters._s3_upload import MAX_PART_SIZE, MIN_PART_SIZE, S3AtomicFile, WrittenChecksum
+from durable.adapters._s3_upload import (
+    FULL_OBJECT,
+    MAX_PART_SIZE,
+    MIN_PART_SIZE,
+    S3AtomicFile,
+    WrittenChecksum,
+)
 from durable.adapters.base import (
     Adapter,
     AtomicFile,
@@ -95,6 +101,12 @@ PROBE_PREFIX = ".durable-probe-"
 # they lack with 501 NotImplemented, some with 400. The header is refused, not the write:
 # sent again, it would fail every write (`_refusals`).
 _NOT_IMPLEMENTED = frozenset({400, 501})
+# What durable does without a header the endpoint refused.
+_WITHOUT = {
+    "If-None-Match": "create-only writes fall back to a racy HEAD check",
+    "If-Match": "no conditional writes, no leases",
+    FULL_OBJECT: "multipart uploads carry the CRC32C of each part only",
+}
 
 
 class _EndpointCapabilities:
@@ -103,13 +115,16 @@ class _EndpointCapabilities:
     def __get__(self, obj: S3Adapter | None, owner: type) -> Capabilities:
         enforced = None if obj is None else obj.create_only_known()
         conditional = None if obj is None else obj.conditional_known()
+        full = obj.refusal(FULL_OBJECT) if obj is not None else None
+        checksums = (f"; this endpoint refuses the FULL_OBJECT checksum type ({full}): "
+                     f"{_WITHOUT[FULL_OBJECT]}" if full else "")
         if enforced is False:
             refused = obj.refusal("If-None-Match") if obj else None
             how = f"refuses If-None-Match ({refused})" if refused else "ignores If-None-Match"
             return Capabilities(
                 atomic_objects=True, create_only=False, durable=True, pinned_reads=True,
                 note=f"this endpoint {how} (probed): create-only is a HEAD "
-                     "before the write, which two racing writers can both pass",
+                     f"before the write, which two racing writers can both pass{checksums}",
                 conditional_writes=conditional is not False, object_records=True)
         note = ("PutObject or a multipart upload completed at commit; CRC32C sent per part "
                 "and per object; reads pinned by If-Match")
@@ -121,6 +136,7 @@ class _EndpointCapabilities:
             note += f"; this endpoint {how} on PUT/DELETE (probed): no leases"
         else:
             note += "; conditional writes by If-Match on PUT and DELETE"
+        note += checksums
         return Capabilities(atomic_objects=True, create_only=True, durable=True,
                             pinned_reads=True, note=note,
                             conditional_writes=conditional is not False, object_records=True)
@@ -207,7 +223,7 @@ class S3Adapter(Adapter):
         with cls._probe_lock:
             for verdicts in (cls._create_only_by_endpoint, cls._conditional_by_endpoint):
                 verdicts.pop(endpoint.rstrip("/"), None)
-            for header in ("If-None-Match", "If-Match"):
+            for header in _WITHOUT:
                 cls._refusals.pop(f"{endpoint.rstrip('/')} {header}", None)
 
     # endpoint probes ----------------------------------------------------------------------
@@ -272,18 +288,25 @@ class S3Adapter(Adapter):
         if it did: it is then never sent there."""
         return self._refusals.get(f"{self._endpoint()} {header}")
 
-    def _refused(self, exc: BaseException, header: str) -> bool:
-        """Whether ``exc`` is the endpoint refusing ``header`` as not implemented; if so,
-        noted (`_refusals`) and warned of."""
-        status, code, message = error_fields(exc)
+    def refused(self, exc: BaseException, header: str, *, note: bool = True) -> str | None:
+        """How the endpoint refused ``header`` as not implemented, if ``exc`` (or an error
+        it was raised from) is that refusal; noted (`refusal`) and warned of unless
+        ``note`` is False (the caller notes it once the request without it succeeded)."""
+        cause: BaseException | None = exc
+        while cause is not None and error_fields(cause)[0] is None:
+            cause = cause.__cause__
+        status, code, message = error_fields(cause) if cause else (None, "", "")
         if status not in _NOT_IMPLEMENTED and code != "NotImplemented":
-            return False
+            return None
         said = f"HTTP {status} {code}: {message}".rstrip(": ")
+        if note:
+            self.note_refusal(header, said)
+        return said
+
+    def note_refusal(self, header: str, said: str) -> None:
         self._refusals[f"{self._endpoint()} {header}"] = said
         log.warning("%s: the endpoint refuses %s (%s): %s", self._endpoint(), header, said,
-                    "create-only writes fall back to a racy HEAD check"
-                    if header == "If-None-Match" else "no conditional writes, no leases")
-        return True
+                    _WITHOUT[header])
 
     def _probe_create_only(self, path: str) -> bool:
         body = b"durable create-only probe"
@@ -297,7 +320,7 @@ class S3Adapter(Adapter):
                 # The same PUT without the header was taken a moment before: refusing
                 # this one, the endpoint refuses the header. Sent on every create-only
                 # write, it failed them all with this probe's error.
-                if self._refused(exc, "If-None-Match"):
+                if self.refused(exc, "If-None-Match") is not None:
                     return False
                 raise failure(exc, url, "create-only probe PUT", create_only=True) from exc
         log.warning("%s: the endpoint ignores If-None-Match: create-only writes fall back "
@@ -325,7 +348,7 @@ class S3Adapter(Adapter):
                         continue
                     # Refused as not implemented: no leases (UnsupportedError), never a
                     # clean or an atomic_write failing on this probe's error.
-                    if self._refused(exc, "If-Match"):
+                    if self.refused(exc, "If-Match") is not None:
                         return False
                     raise failure(exc, url, f"conditional probe {method}") from exc
                 log.warning("%s: the endpoint ignores If-Match on %s: no leases here",
