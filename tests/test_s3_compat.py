@@ -23,6 +23,7 @@ from durable import (
     atomic_write,
     read_verified,
 )
+from durable import _background as background
 from durable.adapters import _s3_light, adapter_for_fs
 from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
 from durable.testing import faults
@@ -41,6 +42,17 @@ def store(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
         S3Adapter.forget_endpoint(proxy.url)
         yield proxy, {**s3_bucket.storage_options, "endpoint_url": proxy.url}
         S3Adapter.forget_endpoint(proxy.url)
+
+
+@pytest.fixture
+def boto(s3_bucket: Bucket) -> Iterator[Any]:
+    """A plain boto3 client on the moto server behind the proxy: the view from outside."""
+    import boto3  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield client
+    client.close()
 
 
 def _with_header(name: str) -> Match:
@@ -225,3 +237,46 @@ def test_an_endpoint_refusing_the_full_object_checksum_type_still_takes_large_ob
     assert sum(1 for r in proxy.requests if "partNumber" in r.query) == 6
     assert f"refuses the FULL_OBJECT checksum type (HTTP {status} {code}" in \
         adapter.capabilities.note
+
+
+def test_a_part_answered_without_an_etag_is_named_and_the_upload_aborted(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], boto: Any) -> None:
+    proxy, options = store
+    adapter = adapter_for_fs(fsspec.filesystem("s3", **options))
+    assert isinstance(adapter, S3Adapter)
+    adapter.part_size = MIN_PART_SIZE
+    proxy.add(faults.rewrite_etag("missing", method="PUT", query="partNumber", times=1))
+    with pytest.raises(IntegrityError, match=r"big: UploadPart 1 answered without an ETag"), \
+            atomic_write(s3_bucket.path("big"), storage_options=options) as f:
+        f.write(os.urandom(2 * MIN_PART_SIZE + 1000))
+    assert "Contents" not in boto.list_objects_v2(Bucket=s3_bucket.name)
+    assert not boto.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads")
+
+
+# --- removing ------------------------------------------------------------------------------
+
+# No multi-object delete (501), or one that insists on the Content-MD5 botocore replaced by
+# a CRC32 in 2025 (400).
+@pytest.mark.parametrize(("status", "code"), [(501, "NotImplemented"),
+                                              (400, "MissingContentMD5")])
+def test_an_endpoint_refusing_delete_objects_has_objects_deleted_one_by_one(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], boto: Any, status: int,
+        code: str) -> None:
+    proxy, options = store
+    entry = Entry(s3_bucket.path("ds"), storage_options=options)
+    with entry.writing() as w:
+        for i in range(3):
+            w.write_bytes(f"part-{i}", b"tokens")
+    background.wait()  # the commit's own housekeeping done: one delete at a time below
+    proxy.clear_requests()
+    proxy.add(faults.error(status, code, "DeleteObjects is not implemented", method="POST",
+                           query="delete"))
+    with entry.writing(overwrite=True) as w:
+        w.write_bytes("part-0", b"other tokens")
+    assert entry.state() is State.COMPLETE
+    assert entry.verify(deep=True).objects == 1
+    entry.delete()
+    assert entry.state() is State.ABSENT
+    left = [o["Key"] for o in boto.list_objects_v2(Bucket=s3_bucket.name).get("Contents", [])]
+    assert [k for k in left if k.startswith(("ds/", ".durable/ds/"))] == []
+    assert sum(1 for r in proxy.requests if "delete" in r.query) == 1  # refused once

@@ -144,6 +144,12 @@ class S3AtomicFile(AtomicFile):
             resp = future.result()
         except Exception as exc:
             raise failure(exc, self._url, f"UploadPart {number}") from exc
+        if not resp.get("ETag"):
+            # Nothing to name the part by in the Complete: a KeyError from deep inside.
+            raise IntegrityError(f"{self._url}: UploadPart {number} answered without an ETag "
+                                 f"({resp.get('ETag')!r}): the part cannot be named to "
+                                 "complete the upload", url=self._url, expected="an ETag",
+                                 found=resp.get("ETag"))
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"],
                             "ChecksumCRC32C": crc_to_b64(crc)})
 

@@ -101,11 +101,14 @@ PROBE_PREFIX = ".durable-probe-"
 # they lack with 501 NotImplemented, some with 400. The header is refused, not the write:
 # sent again, it would fail every write (`_refusals`).
 _NOT_IMPLEMENTED = frozenset({400, 501})
-# What durable does without a header the endpoint refused.
+#: How `S3Adapter.refusal` names the multi-object delete (POST ?delete).
+DELETE_OBJECTS = "DeleteObjects"
+# What durable does without a header or request the endpoint refused.
 _WITHOUT = {
     "If-None-Match": "create-only writes fall back to a racy HEAD check",
     "If-Match": "no conditional writes, no leases",
     FULL_OBJECT: "multipart uploads carry the CRC32C of each part only",
+    DELETE_OBJECTS: "objects are deleted one DeleteObject each",
 }
 
 
@@ -774,16 +777,54 @@ class S3Adapter(Adapter):
         for bucket, keys in by_bucket.items():
             for i in range(0, len(keys), _DELETE_BATCH):
                 batch = keys[i:i + _DELETE_BATCH]
-                resp = self._call("delete_objects", self.url(bucket), "DeleteObjects",
-                                  Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch],
-                                                         "Quiet": True})
-                errors = resp.get("Errors") or []
+                errors: Sequence[dict[str, str]]
+                if self.refusal(DELETE_OBJECTS) is not None:
+                    errors = sync(self.fs.loop, self._delete_each, bucket, batch)
+                else:
+                    errors = self._delete_batch(bucket, batch)
                 if errors:
                     shown = "; ".join(f"{self.url(bucket + '/' + e.get('Key', '?'))}: "
                                       f"{e.get('Code')} {e.get('Message')}" for e in errors[:5])
                     raise OSError(f"{len(errors)} objects could not be deleted: {shown}")
             for key in keys:
                 self.fs.invalidate_cache(f"{bucket}/{key}")
+
+    def _delete_batch(self, bucket: str, keys: Sequence[str]) -> Sequence[dict[str, str]]:
+        """One DeleteObjects; the keys it could not delete, as its Errors. An endpoint
+        that refuses DeleteObjects (not implemented, or asking for the Content-MD5 botocore
+        no longer sends) is noted and asked key by key from then on: every clean,
+        overwrite and delete failed on such a store."""
+        try:
+            resp = self._call("delete_objects", self.url(bucket), "DeleteObjects",
+                              Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys],
+                                                     "Quiet": True})
+        except OSError as exc:
+            # Deleting key by key is right on every store: noted at once.
+            if self.refused(exc, DELETE_OBJECTS) is None:
+                raise
+            errors: Sequence[dict[str, str]] = sync(self.fs.loop, self._delete_each, bucket,
+                                                    keys)
+            return errors
+        return resp.get("Errors") or []
+
+    async def _delete_each(self, bucket: str, keys: Sequence[str]
+                           ) -> Sequence[dict[str, str]]:
+        """DeleteObject of every key, some at once; the failures, as DeleteObjects' Errors."""
+        gate = asyncio.Semaphore(_PROBES_IN_FLIGHT)
+
+        async def one(key: str) -> dict[str, str] | None:
+            async with gate:
+                try:
+                    await self.fs._call_s3("delete_object", Bucket=bucket, Key=key)
+                except Exception as exc:
+                    status, code, message = error_fields(exc)
+                    if status == 404:  # gone already: what a delete asks for
+                        return None
+                    return {"Key": key, "Code": code or type(exc).__name__,
+                            "Message": message or str(exc)}
+            return None
+
+        return [e for e in await asyncio.gather(*(one(k) for k in keys)) if e is not None]
 
     def delete_prefix(self, prefix: str) -> None:
         if not self._split(prefix)[1].strip("/"):
