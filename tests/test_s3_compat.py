@@ -280,3 +280,37 @@ def test_an_endpoint_refusing_delete_objects_has_objects_deleted_one_by_one(
     left = [o["Key"] for o in boto.list_objects_v2(Bucket=s3_bucket.name).get("Contents", [])]
     assert [k for k in left if k.startswith(("ds/", ".durable/ds/"))] == []
     assert sum(1 for r in proxy.requests if "delete" in r.query) == 1  # refused once
+
+
+def test_an_endpoint_ignoring_if_none_match_on_complete_never_claims_a_create_only_upload(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], boto: Any) -> None:
+    # A store that takes If-None-Match on PutObject but not on CompleteMultipartUpload (S3
+    # added the two together in 2024; a store may have only the first).
+    proxy, options = store
+
+    def strip_on_complete(request: faults.RequestInfo) -> bool:
+        if request.method == "POST" and "uploadId" in request.query:
+            request.headers.remove("if-none-match")
+        if request.path.endswith("/ckpt.pt") and request.query.get("partNumber") == ["3"]:
+            # Another writer's object, landed after this writer's look before publishing,
+            # while its last part goes out: create-only must lose to it.
+            boto.put_object(Bucket=s3_bucket.name, Key="ckpt.pt", Body=b"first")
+        return False
+
+    proxy.add(faults.delay(0, match=Match(where=strip_on_complete)))
+    adapter = adapter_for_fs(fsspec.filesystem("s3", **options))
+    assert isinstance(adapter, S3Adapter)
+    adapter.part_size = MIN_PART_SIZE
+    url = s3_bucket.path("ckpt.pt")
+    with pytest.raises(FileExistsError, match=r"ckpt\.pt already exists"), \
+            atomic_write(url, storage_options=options, mode="xb") as f:
+        f.write(os.urandom(2 * MIN_PART_SIZE + 1000))  # a multipart upload
+    assert boto.get_object(Bucket=s3_bucket.name, Key="ckpt.pt")["Body"].read() == b"first"
+    assert not boto.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads")
+    assert "If-None-Match on CompleteMultipartUpload: this endpoint ignores it" in \
+        adapter.capabilities.note
+    # A new name is still written whole.
+    data = os.urandom(2 * MIN_PART_SIZE + 1000)
+    with atomic_write(s3_bucket.path("new.pt"), storage_options=options, mode="xb") as f:
+        f.write(data)
+    assert read_verified(s3_bucket.path("new.pt"), storage_options=options) == data

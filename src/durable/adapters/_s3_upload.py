@@ -24,8 +24,8 @@ from durable.adapters.base import AtomicFile, ObjectInfo
 if TYPE_CHECKING:
     from durable.adapters.s3 import S3Adapter
 
-__all__ = ["FULL_OBJECT", "MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE", "S3AtomicFile",
-           "WrittenChecksum"]
+__all__ = ["FULL_OBJECT", "MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE",
+           "MULTIPART_IF_NONE_MATCH", "S3AtomicFile", "WrittenChecksum"]
 
 log = logging.getLogger("durable.adapters.s3")
 
@@ -35,6 +35,8 @@ MAX_PART_SIZE = 5 * 1024 * MiB
 MAX_PARTS = 10_000
 #: How `S3Adapter.refusal` names the multipart checksum type FULL_OBJECT.
 FULL_OBJECT = "x-amz-checksum-type: FULL_OBJECT"
+#: How `S3Adapter.refusal` names If-None-Match on CompleteMultipartUpload.
+MULTIPART_IF_NONE_MATCH = "If-None-Match on CompleteMultipartUpload"
 
 
 class WrittenChecksum(Checksum):
@@ -92,6 +94,18 @@ class S3AtomicFile(AtomicFile):
         if self._head_check and self._a.info(self.path) is not None:
             raise FileExistsError(f"{self._url} already exists (create-only write)")
         return {"IfNoneMatch": "*"} if self._if_none_match else {}
+
+    def _complete_conditions(self) -> dict[str, Any]:
+        """`_conditions` for CompleteMultipartUpload. On an endpoint that enforces
+        If-None-Match on PutObject only, the HEAD check (declared, racy) before it too:
+        without it, a create-only upload replaced an object another writer put meanwhile."""
+        if not self._create_only:
+            return {}
+        if (not self._head_check and not self._a.create_only_multipart_enforced(self.path)
+                and self._a.info(self.path) is not None):
+            raise FileExistsError(f"{self._url} already exists (create-only write)")
+        conditions = self._conditions()
+        return {} if self._a.refusal(MULTIPART_IF_NONE_MATCH) else conditions
 
     def _send_part(self, size: int) -> None:
         with memoryview(self._buf) as view:
@@ -206,7 +220,7 @@ class S3AtomicFile(AtomicFile):
                                  "CompleteMultipartUpload", create_only=self._create_only,
                                  Bucket=self._bucket, Key=self._key,
                                  UploadId=self._upload_id, MultipartUpload={"Parts": parts},
-                                 **extra, **self._conditions())
+                                 **extra, **self._complete_conditions())
         except (FileExistsError, FileNotFoundError) as exc:
             # A retried Complete whose first attempt landed: 412, or NoSuchUpload.
             resp = self._landed(exc)

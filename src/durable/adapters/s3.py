@@ -69,6 +69,7 @@ from durable.adapters._s3_upload import (
     FULL_OBJECT,
     MAX_PART_SIZE,
     MIN_PART_SIZE,
+    MULTIPART_IF_NONE_MATCH,
     S3AtomicFile,
     WrittenChecksum,
 )
@@ -109,6 +110,8 @@ _WITHOUT = {
     "If-Match": "no conditional writes, no leases",
     FULL_OBJECT: "multipart uploads carry the CRC32C of each part only",
     DELETE_OBJECTS: "objects are deleted one DeleteObject each",
+    MULTIPART_IF_NONE_MATCH: "a create-only write of more than part_size is a HEAD before "
+                             "its completion, which racing writers can both pass",
 }
 
 
@@ -121,6 +124,12 @@ class _EndpointCapabilities:
         full = obj.refusal(FULL_OBJECT) if obj is not None else None
         checksums = (f"; this endpoint refuses the FULL_OBJECT checksum type ({full}): "
                      f"{_WITHOUT[FULL_OBJECT]}" if full else "")
+        if obj is not None and obj._create_only_multipart_by_endpoint.get(
+                obj._endpoint()) is False:
+            refused = obj.refusal(MULTIPART_IF_NONE_MATCH)
+            how = f"refuses it ({refused})" if refused else "ignores it"
+            checksums += (f"; If-None-Match on CompleteMultipartUpload: this endpoint {how} "
+                          f"(probed): {_WITHOUT[MULTIPART_IF_NONE_MATCH]}")
         if enforced is False:
             refused = obj.refusal("If-None-Match") if obj else None
             how = f"refuses If-None-Match ({refused})" if refused else "ignores If-None-Match"
@@ -166,6 +175,8 @@ class S3Adapter(Adapter):
     _create_only_by_endpoint: ClassVar[dict[str, bool]] = {}
     # Endpoint URL -> whether it enforces If-Match on PutObject and DeleteObject.
     _conditional_by_endpoint: ClassVar[dict[str, bool]] = {}
+    # Endpoint URL -> whether it enforces If-None-Match on CompleteMultipartUpload too.
+    _create_only_multipart_by_endpoint: ClassVar[dict[str, bool]] = {}
     # "<endpoint> <header>" -> how the endpoint refused that header (never sent again there).
     _refusals: ClassVar[dict[str, str]] = {}
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -224,7 +235,8 @@ class S3Adapter(Adapter):
         use probes again. For a store replaced at the same URL (a test proxy's port,
         reused by the next proxy in front of another store)."""
         with cls._probe_lock:
-            for verdicts in (cls._create_only_by_endpoint, cls._conditional_by_endpoint):
+            for verdicts in (cls._create_only_by_endpoint, cls._conditional_by_endpoint,
+                             cls._create_only_multipart_by_endpoint):
                 verdicts.pop(endpoint.rstrip("/"), None)
             for header in _WITHOUT:
                 cls._refusals.pop(f"{endpoint.rstrip('/')} {header}", None)
@@ -328,6 +340,43 @@ class S3Adapter(Adapter):
                 raise failure(exc, url, "create-only probe PUT", create_only=True) from exc
         log.warning("%s: the endpoint ignores If-None-Match: create-only writes fall back "
                     "to a racy HEAD check", self._endpoint())
+        return False
+
+    def create_only_multipart_enforced(self, path: str) -> bool:
+        """Whether this endpoint enforces If-None-Match on CompleteMultipartUpload as well
+        as on PutObject (S3 added both in 2024; a store may have only the first); probed
+        once, at the first create-only write of ``path`` in parts."""
+        return self._probed(self._create_only_multipart_by_endpoint, path,
+                            self._probe_create_only_multipart)
+
+    def _probe_create_only_multipart(self, path: str) -> bool:
+        """Complete a one-part upload over the probe object with If-None-Match: a 412 is
+        the store enforcing it; a completed upload (it replaced the probe) is not."""
+        with self._probe_object(path, b"durable create-only probe") as (bucket, key, url):
+            upload = self._call("create_multipart_upload", url, "probe CreateMultipartUpload",
+                                Bucket=bucket, Key=key)["UploadId"]
+            done = False
+            try:
+                part = self._call("upload_part", url, "probe UploadPart", Bucket=bucket,
+                                  Key=key, UploadId=upload, PartNumber=1, Body=b"probe")
+                sync(self.fs.loop, self.fs._call_s3, "complete_multipart_upload",
+                     Bucket=bucket, Key=key, UploadId=upload, IfNoneMatch="*",
+                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+                done = True
+            except Exception as exc:
+                if error_fields(exc)[0] == 412:
+                    return True
+                if self.refused(exc, MULTIPART_IF_NONE_MATCH) is None:
+                    raise failure(exc, url, "create-only probe CompleteMultipartUpload",
+                                  create_only=True) from exc
+            finally:
+                if not done:
+                    with contextlib.suppress(Exception):
+                        self._call("abort_multipart_upload", url, "AbortMultipartUpload",
+                                   Bucket=bucket, Key=key, UploadId=upload)
+        if done:
+            log.warning("%s: the endpoint ignores If-None-Match on CompleteMultipartUpload: "
+                        "%s", self._endpoint(), _WITHOUT[MULTIPART_IF_NONE_MATCH])
         return False
 
     def conditional_known(self) -> bool | None:
