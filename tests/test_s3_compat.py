@@ -44,15 +44,13 @@ def store(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
         S3Adapter.forget_endpoint(proxy.url)
 
 
-@pytest.fixture
-def boto(s3_bucket: Bucket) -> Iterator[Any]:
-    """A plain boto3 client on the moto server behind the proxy: the view from outside."""
-    import boto3  # type: ignore[import-untyped]
-
-    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    yield client
-    client.close()
+def _in_parts(options: dict[str, Any]) -> S3Adapter:
+    """The adapter every writer with ``options`` gets (one per filesystem instance), with
+    S3's smallest part size: 11 MiB go in three parts."""
+    adapter = adapter_for_fs(fsspec.filesystem("s3", **options))
+    assert isinstance(adapter, S3Adapter)
+    adapter.part_size = MIN_PART_SIZE
+    return adapter
 
 
 def _with_header(name: str) -> Match:
@@ -223,9 +221,7 @@ def test_an_endpoint_refusing_the_full_object_checksum_type_still_takes_large_ob
     proxy, options = store
     proxy.add(faults.error(status, code, "x-amz-checksum-type is not implemented",
                            match=_with_header("x-amz-checksum-type")))
-    adapter = adapter_for_fs(fsspec.filesystem("s3", **options))  # the one atomic_write gets
-    assert isinstance(adapter, S3Adapter)
-    adapter.part_size = MIN_PART_SIZE
+    adapter = _in_parts(options)
     data = os.urandom(2 * MIN_PART_SIZE + 1000)  # three parts
     for name in ("a.pt", "b.pt"):
         url = s3_bucket.path(name)
@@ -242,9 +238,7 @@ def test_an_endpoint_refusing_the_full_object_checksum_type_still_takes_large_ob
 def test_a_part_answered_without_an_etag_is_named_and_the_upload_aborted(
         s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], boto: Any) -> None:
     proxy, options = store
-    adapter = adapter_for_fs(fsspec.filesystem("s3", **options))
-    assert isinstance(adapter, S3Adapter)
-    adapter.part_size = MIN_PART_SIZE
+    _in_parts(options)
     proxy.add(faults.rewrite_etag("missing", method="PUT", query="partNumber", times=1))
     with pytest.raises(IntegrityError, match=r"big: UploadPart 1 answered without an ETag"), \
             atomic_write(s3_bucket.path("big"), storage_options=options) as f:
@@ -298,9 +292,7 @@ def test_an_endpoint_ignoring_if_none_match_on_complete_never_claims_a_create_on
         return False
 
     proxy.add(faults.delay(0, match=Match(where=strip_on_complete)))
-    adapter = adapter_for_fs(fsspec.filesystem("s3", **options))
-    assert isinstance(adapter, S3Adapter)
-    adapter.part_size = MIN_PART_SIZE
+    adapter = _in_parts(options)
     url = s3_bucket.path("ckpt.pt")
     with pytest.raises(FileExistsError, match=r"ckpt\.pt already exists"), \
             atomic_write(url, storage_options=options, mode="xb") as f:
