@@ -24,6 +24,8 @@ from durable import (
     read_verified,
 )
 from durable import _background as background
+from durable._checksum import crc32c
+from durable._fragments import FragmentRecorder
 from durable.adapters import _s3_light, adapter_for_fs
 from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
 from durable.testing import faults
@@ -306,3 +308,22 @@ def test_an_endpoint_ignoring_if_none_match_on_complete_never_claims_a_create_on
     with atomic_write(s3_bucket.path("new.pt"), storage_options=options, mode="xb") as f:
         f.write(data)
     assert read_verified(s3_bucket.path("new.pt"), storage_options=options) == data
+
+
+def test_a_listing_that_lags_a_workers_writes_neither_fails_nor_shortens_a_commit(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]]) -> None:
+    # As a dask worker writes: the object, then its record in a fragment of the attempt.
+    proxy, options = store
+    entry = Entry(s3_bucket.path("ds"), storage_options=options)
+    with entry.writing() as w:
+        w.write_bytes("part-0", b"tokens 0")
+        data = b"a worker's tokens"
+        entry.adapter.put(s3_bucket.path("ds", "part-1"), data)
+        worker = FragmentRecorder(entry.url, options, w.attempt)
+        worker.record("part-1", len(data), crc32c(data))
+        worker.flush()
+        proxy.add(faults.rewrite_body(_unlisted("ds/part-1"), method="GET",
+                                      query="list-type"))
+    proxy.clear()
+    report = entry.verify(deep=True)
+    assert report.objects == 2 and not report.problems

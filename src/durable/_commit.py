@@ -460,6 +460,11 @@ def _merge_fragments(entry: Entry, attempt: str, unrecorded: dict[str, ObjectInf
             continue
         found, url = listing.get(key), entry.adapter.url(f"{entry.path}/{key}")
         if found is None:
+            # Left out by a listing that lags the worker's PUT (as for `own` objects).
+            found = entry.adapter.info(f"{entry.path}/{key}")
+            if found is not None:
+                listing[key] = unrecorded[key] = found
+        if found is None:
             problems.append(f"{url}: written by a worker of this write but gone at commit "
                             "(another writer?)")
         elif len(recs) == 1 and (size := next(r for r in recs if r).size) != found.size:
