@@ -22,11 +22,7 @@ Ratios are of the same run (the machine is shared and noisy): ``durable / plain`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-import urllib.request
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from _util import (
@@ -36,9 +32,9 @@ from _util import (
     machine_info,
     print_table,
     ratios,
-    remove,
     run_interleaved,
     scratch_dir,
+    targets,
     write_results,
 )
 
@@ -50,26 +46,6 @@ import numpy as np  # noqa: E402
 import zarr  # noqa: E402
 
 import durable.zarr as dz  # noqa: E402
-
-
-@contextlib.contextmanager
-def targets(which: list[str], scratch: str | None) -> Iterator[list[tuple[str, str, Any]]]:
-    """(name, root URL, storage options) of each target, and their cleanup."""
-    out: list[tuple[str, str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        if "file" in which:
-            workdir = scratch_dir(scratch, "bench-zarr-sharded")
-            stack.callback(remove, workdir)
-            out.append(("file", workdir, None))
-        if "moto" in which:
-            from durable.testing.servers import start_moto
-
-            server = stack.enter_context(start_moto())
-            bucket = f"bench-{uuid.uuid4().hex[:12]}"
-            urllib.request.urlopen(urllib.request.Request(f"{server.url}/{bucket}",
-                                                          method="PUT")).close()
-            out.append(("moto", f"s3://{bucket}", server.storage_options()))
-        yield out
 
 
 def cases(url: str, opts: Any) -> list[Case]:
@@ -110,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     data = np.random.default_rng(0).random((2048, 2048), dtype="float32")
     loads = {"before": load_snapshot()}
     record: dict[str, Any] = {}
-    with targets(args.targets.split(","), args.dir) as places:
+    with targets(args.targets.split(","), args.dir, "bench-zarr-sharded") as places:
         for name, root, opts in places:
             url = f"{root}/sharded.zarr"
             dz.write(url, data, chunks=(128, 128), shards=(512, 512), storage_options=opts)
