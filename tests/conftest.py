@@ -153,6 +153,18 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def boto(s3_bucket: Bucket) -> Iterator[Any]:
+    """A plain boto3 client on the moto server (never through a proxy): the view from
+    outside durable."""
+    import boto3  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def proxied(s3_bucket: Bucket) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
     """A fault proxy in front of the moto server, and storage options that go through it;
     the endpoint's per-process create-only probe already paid (by a first commit), so
