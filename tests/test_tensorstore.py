@@ -1774,3 +1774,34 @@ def test_a_huge_marker_on_gcs_is_refused_without_downloading_it(
         taken = [r.response_bytes for r in proxy.requests
                  if unquote(r.path).endswith("/arr/commit.json")]
         assert taken and sum(taken) < size // 4, taken
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_a_write_into_a_missing_bucket_names_it(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mistyped bucket: the writer's ETag probe, its first request, failed with
+    tensorstore's own text ('NOT_FOUND: Not Found [http_response_code='404']' on GCS),
+    naming neither the bucket nor the URL, where a read of the same URL said 'no such
+    bucket'."""
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    assert t.bucket is not None
+    url = t.url("arr").replace(t.bucket.name, t.bucket.name + "-typo", 1)
+    for how in (lambda: dts.write(url, values(4), storage_options=t.options),
+                lambda: dts.writing(url, storage_options=t.options).__enter__()):
+        with pytest.raises(FileNotFoundError) as err:
+            how()
+        assert str(err.value).startswith(f"{url}: ")
+        assert f"no such bucket '{t.bucket.name}-typo'" in str(err.value)
+
+
+def test_a_write_the_store_forbids_says_so_naming_the_entry(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    proxy.add(faults.error(403, method="PUT"))
+    url = s3_bucket.path("arr")
+    with pytest.raises(PermissionError) as err:
+        dts.write(url, values(4), storage_options=via)
+    assert str(err.value).startswith(f"{url}: writing into bucket '{s3_bucket.name}' is "
+                                     "not allowed")
+    assert "AccessDenied" in str(err.value)

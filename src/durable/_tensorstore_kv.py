@@ -434,7 +434,13 @@ def probe(place: Place, context: ts.Context, path: str | None = None) -> Probe:
     generation = b""
     try:
         if own:
-            kv.write(name, b"durable: can tensorstore revalidate here?").result()
+            try:
+                kv.write(name, b"durable: can tensorstore revalidate here?").result()
+            except ValueError as exc:
+                named = _refused(place, url, exc)
+                if named is None:
+                    raise
+                raise named from exc
         first = _first_byte(kv, name)
         if first.state != "value":
             return Probe(True)  # nothing to judge by: probe again at the next use
@@ -455,6 +461,24 @@ def probe(place: Place, context: ts.Context, path: str | None = None) -> Probe:
                 kv.write(name, None).result()
     with _PROBE_LOCK:
         return _PROBES.setdefault(key, found)
+
+
+def _refused(place: Place, url: str, exc: ValueError) -> OSError | None:
+    """The error naming the entry and the bucket of a store that refused the probe's PUT
+    (the writer's first request): tensorstore's own text named neither ("NOT_FOUND: Not
+    Found [http_response_code='404']" for a mistyped GCS bucket). None: not such a refusal
+    (an ETag problem is the probe's verdict, anything else stays tensorstore's)."""
+    text = str(exc)
+    status = text.split(":", 1)[0]
+    if status not in ("NOT_FOUND", "PERMISSION_DENIED"):
+        return None
+    said = text.split(" [", 1)[0]  # tensorstore's payload (the response body) follows
+    bucket = place.spec.get("bucket")
+    if status == "NOT_FOUND":
+        return FileNotFoundError(f"{place.entry.url}: no such bucket {bucket!r} (a PUT of "
+                                 f"{url} answered {said})")
+    return PermissionError(f"{place.entry.url}: writing into bucket {bucket!r} is not "
+                           f"allowed with these credentials (a PUT of {url} answered {said})")
 
 
 def _first_byte(kv: ts.KvStore, name: str, **condition: Any) -> Any:
