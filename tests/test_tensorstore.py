@@ -240,6 +240,43 @@ def test_s3_keys_from_storage_options_are_the_ones_tensorstore_signs_with(
     assert credentials == {"durable-test-key"}
 
 
+def test_keys_in_client_kwargs_are_the_ones_every_request_is_signed_with(
+        s3_bucket: Bucket) -> None:
+    """s3fs hands ``client_kwargs`` to botocore, which takes keys there too: durable's own
+    requests were signed with them while tensorstore's chunks went out with the default
+    credentials (another identity, or a 403 after the marker was read fine)."""
+    signed: list[str] = []
+
+    def look(info: faults.RequestInfo) -> bool:
+        signed.append(info.headers.get("authorization") or "")
+        return False  # observe only, no fault
+
+    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+        proxy.add(faults.delay(0, match=Match(where=look)))
+        opts = {"client_kwargs": {"endpoint_url": proxy.url,
+                                  "aws_access_key_id": "durable-client-key",
+                                  "aws_secret_access_key": "s"}}
+        url = s3_bucket.path("arr")
+        dts.write(url, values(20), chunks=[10, 10], storage_options=opts)
+        assert (dts.read(url, storage_options=opts) == values(20)).all()
+        assert proxy.count(method="PUT", key="/arr/c/") > 0  # tensorstore's, through it
+    assert {a.split("Credential=")[1].split("/")[0] for a in signed} == {
+        "durable-client-key"}
+
+
+def test_requester_pays_is_refused_before_anything_is_sent(s3_bucket: Bucket) -> None:
+    """tensorstore takes "requester_pays" in its spec and sends no x-amz-request-payer
+    header: a requester-pays bucket would refuse its requests after durable's own, sent
+    with the header by s3fs, had read the marker."""
+    url = s3_bucket.path("arr")
+    opts = {**s3_bucket.storage_options, "requester_pays": True}
+    for how in (lambda: dts.write(url, values(4), storage_options=opts),
+                lambda: dts.read(url, storage_options=opts)):
+        with pytest.raises(UnsupportedError, match=r"requester_pays=True.*durable\.zarr"):
+            how()
+    assert Entry(url, storage_options=s3_bucket.storage_options).state() is State.ABSENT
+
+
 # ----------------------------------------------------------------- writing, committing
 def test_write_commits_a_manifest_that_matches_the_bytes(target: Target) -> None:
     data = values(20)

@@ -73,8 +73,10 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
 
     Honoured ``storage_options``: S3 ``endpoint_url`` (also in ``client_kwargs``),
     ``client_kwargs.region_name`` (else $AWS_REGION / $AWS_DEFAULT_REGION), ``anon``,
-    ``key``/``secret``/``token``, ``profile``; GCS ``endpoint_url`` and ``token`` ("anon"
-    or default credentials). tensorstore takes no inline AWS keys: keys that are not the
+    ``key``/``secret``/``token`` (also as ``client_kwargs`` ``aws_access_key_id``,
+    ``aws_secret_access_key``, ``aws_session_token``), ``profile``; GCS ``endpoint_url`` and ``token`` ("anon"
+    or default credentials). ``requester_pays=True`` is refused (UnsupportedError):
+    tensorstore sends no requester-pays header. tensorstore takes no inline AWS keys: keys that are not the
     ones in the environment are written to a private (0600) credentials file, deleted at
     exit, and named as a profile. Its GCS driver takes its endpoint from the process-wide
     $TENSORSTORE_GCS_HTTP_URL, which this sets (one GCS endpoint per process).
@@ -96,7 +98,21 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
                   or os.environ.get("AWS_DEFAULT_REGION"))
         if region:
             spec["aws_region"] = str(region)
-        spec["aws_credentials"] = _aws_credentials(opts)
+        if opts.get("requester_pays"):
+            # tensorstore (0.1.86) takes "requester_pays" in its spec but sends no
+            # x-amz-request-payer header: its requests would be refused by the bucket
+            # that durable's own (s3fs) requests reached, after the marker was read.
+            raise UnsupportedError(
+                f"{url}: tensorstore's s3 driver sends no x-amz-request-payer header, so "
+                "a requester-pays bucket refuses its requests (storage_options "
+                "requester_pays=True); read such a bucket with durable.zarr")
+        # s3fs hands client_kwargs to botocore, which takes keys there too: tensorstore
+        # signed with the default credentials, durable's own requests with these.
+        keys = {"key": client.get("aws_access_key_id"),
+                "secret": client.get("aws_secret_access_key"),
+                "token": client.get("aws_session_token")}
+        spec["aws_credentials"] = _aws_credentials(
+            {**opts, **{k: v for k, v in keys.items() if v is not None}})
         return spec
     if protocol in ("gs", "gcs"):
         token = opts.get("token")
