@@ -74,10 +74,11 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
     Honoured ``storage_options``: S3 ``endpoint_url`` (also in ``client_kwargs``),
     ``client_kwargs.region_name`` (else $AWS_REGION / $AWS_DEFAULT_REGION), ``anon``,
     ``key``/``secret``/``token`` (also as ``client_kwargs`` ``aws_access_key_id``,
-    ``aws_secret_access_key``, ``aws_session_token``), ``profile``; GCS ``endpoint_url`` and ``token`` ("anon"
-    or default credentials). ``requester_pays=True`` is refused (UnsupportedError):
-    tensorstore sends no requester-pays header. tensorstore takes no inline AWS keys: keys that are not the
-    ones in the environment are written to a private (0600) credentials file, deleted at
+    ``aws_secret_access_key``, ``aws_session_token``), ``profile``; GCS ``endpoint_url``
+    and ``token`` ("anon" or default credentials). ``requester_pays=True`` is refused
+    (UnsupportedError): tensorstore sends no requester-pays header. tensorstore takes no
+    inline AWS keys: keys that are not the ones in the environment are written to a
+    private (0600) credentials file, deleted at
     exit, and named as a profile. Its GCS driver takes its endpoint from the process-wide
     $TENSORSTORE_GCS_HTTP_URL, which this sets (one GCS endpoint per process).
     """
