@@ -1842,3 +1842,26 @@ def test_a_write_the_store_forbids_says_so_naming_the_entry(
     assert str(err.value).startswith(f"{url}: writing into bucket '{s3_bucket.name}' is "
                                      "not allowed")
     assert "AccessDenied" in str(err.value)
+
+
+def test_chunks_whose_etags_alone_are_unusable_read_through_durable(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """The probe judges an endpoint by the marker's ETag; a gateway that mangles the ETags
+    of some objects only (here the chunks) passes it, the shared cache is revalidated after
+    the next commit, and the revalidation of a chunk failed `read` with tensorstore's
+    'Malformed StorageGeneration' (incident 000's error, through durable). `read` now
+    probes that chunk, and reads with a cache of its own where the ETag still pins a read,
+    as it does where the marker's ETag is unusable."""
+    url = s3_bucket.path("arr")
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)  # straight to moto
+    proxy.add(faults.rewrite_etag("unquoted", key="/arr/c/"))
+    ctx = shared_context()
+    assert (dts.read(url, storage_options=via, context=ctx) == 1).all()  # cached
+    child_write(url, "overwrite", 2, 20, s3_bucket.storage_options)
+    assert (dts.read(url, storage_options=via, context=ctx) == 2).all()  # revalidated
+    assert (dts.open(url, storage_options=via, context=ctx).read().result() == 2).all()
+    with pytest.raises(dts.UnusableETagError) as err:
+        dts.read(url, storage_options=via, context=ctx, on_unusable_etags="error")
+    assert err.value.url is not None and "/arr/c/" in err.value.url
+    assert err.value.endpoint == proxy.url
