@@ -758,6 +758,11 @@ def test_zarr_v2_arrays_are_created_by_tensorstore(
     assert w.entry.verify(deep=True).ok
     assert (dts.open(t.url("arr"), storage_options=t.options, spec=v2).read().result()
             == values(20)).all()
+    # Opened as zarr3 (the default): the error says which driver the array needs, where
+    # it said only that the commit had no array there.
+    with pytest.raises(ValueError, match=r"arr/zarr\.json: .*a zarr v2 array is there "
+                                         r"\(\.zarray\); pass spec=\{'driver': 'zarr'\}"):
+        dts.read(t.url("arr"), storage_options=t.options)
 
 
 @pytest.mark.parametrize("kind", ["file", "s3"])

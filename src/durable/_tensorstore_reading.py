@@ -189,8 +189,16 @@ def _metadata(place: Place, marker: Marker, key: str,
     url = entry.adapter.url(where)
     rec = marker.manifest.objects.get(key)
     if rec is None:
+        # The array of the other zarr version, there: a zarr v2 array (durable's write
+        # with spec={"driver": "zarr"}, zarr-python's default before 3) opened as zarr3.
+        prefix = key[:-len(key.rpartition("/")[2])]
+        other = next(((doc, driver) for driver, doc in _METADATA.items()
+                      if prefix + doc in marker.manifest.objects), None)
+        hint = "" if other is None else (
+            f"; a zarr v{2 if other[1] == 'zarr' else 3} array is there ({other[0]}); pass "
+            f"spec={{'driver': {other[1]!r}}}")
         raise ValueError(f"NOT_FOUND: {url}: commit {marker.attempt} of {entry.url} has no "
-                         "array there")
+                         f"array there{hint}")
     data = fetched.result() if fetched is not None else place.read(where, MAX_METADATA)
     found = None if data is None else (len(data), crc32c(data))
     if found != (rec.size, rec.crc32c) and fetched is not None:
