@@ -18,10 +18,12 @@ import math
 import os
 import re
 import stat
+import threading
 import time
 import uuid
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -1870,3 +1872,40 @@ def test_chunks_whose_etags_alone_are_unusable_read_through_durable(
         dts.read(url, storage_options=via, context=ctx, on_unusable_etags="error")
     assert err.value.url is not None and "/arr/c/" in err.value.url
     assert err.value.endpoint == proxy.url
+
+
+def test_a_commit_landing_during_a_readers_look_is_never_called_data_without_durable(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """A reader finds no marker, then lists the records after the rewrite committed and
+    removed its attempt record: the listing shows the new marker and no writer. That read
+    "data present but no commit marker; written without durable? ... mark_complete()
+    commits it as it is", advice that commits whatever is there as COMPLETE (seen 18 times
+    in 500 reads of a checkpoint rewritten ten times by another process)."""
+    from durable import _background as background
+
+    url = s3_bucket.path("arr")
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)  # straight to moto
+    reached, committed = threading.Event(), threading.Event()
+
+    def hold_records_listing(info: faults.RequestInfo) -> bool:
+        if "list-type" in info.query and info.query.get("prefix", [""])[0].endswith(
+                ".durable/arr/"):
+            reached.set()
+            committed.wait(30)  # the reader's listing goes out once the rewrite committed
+        return False  # observe only, no fault
+
+    writing = dts.writing(url, storage_options=s3_bucket.storage_options, overwrite=True)
+    w = writing.__enter__()
+    w.write(w.open(create=True, dtype=ts.float32, shape=[20, COLS]), values(20, 1))
+    proxy.add(faults.delay(0, match=Match(where=hold_records_listing)))
+    with ThreadPoolExecutor(1) as pool:
+        status = pool.submit(Entry(url, storage_options=via).status)
+        assert reached.wait(30)
+        writing.__exit__(None, None, None)
+        background.wait()  # the committed attempt's record removed
+        committed.set()
+        st = status.result()
+    assert st.state is State.INCOMPLETE and "a commit landed" in st.reason, st.reason
+    assert "mark_complete" not in Entry(url, storage_options=via)._inside_hint(st)
+    assert (dts.read(url, storage_options=via) == values(20, 1)).all()  # as it says
