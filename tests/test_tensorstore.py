@@ -1911,3 +1911,17 @@ def test_a_commit_landing_during_a_readers_look_is_never_called_data_without_dur
     assert st.state is State.INCOMPLETE and "a commit landed" in st.reason, st.reason
     assert "mark_complete" not in Entry(url, storage_options=via)._inside_hint(st)
     assert (dts.read(url, storage_options=via) == values(20, 1)).all()  # as it says
+
+
+def test_a_path_with_no_array_names_the_arrays_of_the_commit(tmp_path: Any) -> None:
+    """A checkpoint of many arrays read with a mistyped path= (or none): the error said only
+    that the commit had no array there, leaving the user to list the store."""
+    url = os.path.join(os.path.realpath(tmp_path), "ckpt")
+    with dts.writing(url) as w:
+        for name in ("params/w", "params/b", "opt/mu"):
+            array = w.open(name, create=True, dtype=ts.float32, shape=[4])
+            w.write(array, np.zeros(4, "float32"))
+    for path in ("params/W", ""):
+        with pytest.raises(ValueError, match=r"has no array there; its arrays \(path=\): "
+                                             r"opt/mu, params/b, params/w$"):
+            dts.read(url, path=path)

@@ -197,6 +197,13 @@ def _metadata(place: Place, marker: Marker, key: str,
         hint = "" if other is None else (
             f"; a zarr v{2 if other[1] == 'zarr' else 3} array is there ({other[0]}); pass "
             f"spec={{'driver': {other[1]!r}}}")
+        if other is None:
+            # A mistyped path= (or none given for a checkpoint of many arrays): the arrays
+            # the commit holds, named as path= takes them.
+            arrays = sorted(k.rpartition("/")[0] or "''" for k in marker.manifest.objects
+                            if k.rpartition("/")[2] in _METADATA.values())
+            hint = "; its arrays (path=): " + (", ".join(arrays[:20]) or "none") + (
+                f" and {len(arrays) - 20} more" if len(arrays) > 20 else "")
         raise ValueError(f"NOT_FOUND: {url}: commit {marker.attempt} of {entry.url} has no "
                          f"array there{hint}")
     data = fetched.result() if fetched is not None else place.read(where, MAX_METADATA)
