@@ -224,22 +224,30 @@ def test_kvstore_spec_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
         dts.kvstore_spec("gs://bkt/a", {"token": "/some/key.json"})
 
 
-def test_s3_keys_from_storage_options_are_the_ones_tensorstore_signs_with(
-        s3_bucket: Bucket) -> None:
-    signed: list[str] = []
+@contextlib.contextmanager
+def signing_keys(bucket: Bucket) -> Iterator[tuple[FaultProxy, list[str]]]:
+    """A proxy in front of the bucket's store, and the access key each request through it
+    was signed with ("" for an unsigned one)."""
+    keys: list[str] = []
 
     def look(info: faults.RequestInfo) -> bool:
-        signed.append(info.headers.get("authorization") or "")
+        signed = info.headers.get("authorization") or ""
+        keys.append(signed.split("Credential=")[1].split("/")[0] if signed else "")
         return False  # observe only, no fault
 
-    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+    with FaultProxy(upstream=bucket.storage_options["endpoint_url"]) as proxy:
         proxy.add(faults.delay(0, match=Match(where=look)))
+        yield proxy, keys
+
+
+def test_s3_keys_from_storage_options_are_the_ones_tensorstore_signs_with(
+        s3_bucket: Bucket) -> None:
+    with signing_keys(s3_bucket) as (proxy, keys):
         opts = {"endpoint_url": proxy.url, "key": "durable-test-key", "secret": "s"}
         kv = ts.KvStore.open(dts.kvstore_spec(s3_bucket.path("k"), opts)).result()
         kv.write("x", b"1").result()
         assert kv.read("x").result().value == b"1"
-    credentials = {h.split("Credential=")[1].split("/")[0] for h in signed if h}
-    assert credentials == {"durable-test-key"}
+    assert {k for k in keys if k} == {"durable-test-key"}
 
 
 def test_keys_in_client_kwargs_are_the_ones_every_request_is_signed_with(
@@ -247,14 +255,7 @@ def test_keys_in_client_kwargs_are_the_ones_every_request_is_signed_with(
     """s3fs hands ``client_kwargs`` to botocore, which takes keys there too: durable's own
     requests were signed with them while tensorstore's chunks went out with the default
     credentials (another identity, or a 403 after the marker was read fine)."""
-    signed: list[str] = []
-
-    def look(info: faults.RequestInfo) -> bool:
-        signed.append(info.headers.get("authorization") or "")
-        return False  # observe only, no fault
-
-    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
-        proxy.add(faults.delay(0, match=Match(where=look)))
+    with signing_keys(s3_bucket) as (proxy, keys):
         opts = {"client_kwargs": {"endpoint_url": proxy.url,
                                   "aws_access_key_id": "durable-client-key",
                                   "aws_secret_access_key": "s"}}
@@ -262,8 +263,7 @@ def test_keys_in_client_kwargs_are_the_ones_every_request_is_signed_with(
         dts.write(url, values(20), chunks=[10, 10], storage_options=opts)
         assert (dts.read(url, storage_options=opts) == values(20)).all()
         assert proxy.count(method="PUT", key="/arr/c/") > 0  # tensorstore's, through it
-    assert {a.split("Credential=")[1].split("/")[0] for a in signed} == {
-        "durable-client-key"}
+    assert set(keys) == {"durable-client-key"}
 
 
 def test_requester_pays_is_refused_before_anything_is_sent(s3_bucket: Bucket) -> None:
