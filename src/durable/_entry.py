@@ -329,6 +329,13 @@ class Entry:
                 # dir answers that look and names the writers that started here.
                 records = self.adapter.list(self.layout.records)
             self._refuse_marker_prefix(records)
+            if MARKER_NAME in records:
+                # A commit landed after the marker was read (a rewrite finishing, its
+                # attempt record already removed): not data written without durable,
+                # which the bare reason says, with advice to mark it complete as it is.
+                return Status(State.INCOMPLETE, "data present and no commit marker when "
+                              "read, but one since: a commit landed while the entry was "
+                              "being looked at; look again")
             return Status(State.INCOMPLETE, "data present but no commit marker"
                           + _started(records, own_attempt) + self._attempt_folders(records))
         # A writer holding the lease asks with leased=True: its own lease is no leftover.

@@ -427,8 +427,12 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
     the marker before anything changes, so no reader opens the entry mid-rewrite. At the
     end of the block, every write passed to `TensorStoreWriter.track`/``write`` and every
     transaction passed to `TensorStoreWriter.open` must succeed, then the marker is
-    written; writes started with ``array.write()`` and neither tracked nor waited for may
-    land after the commit, and the entry then fails verification. Any exception (a
+    written. A write started with ``array.write()`` and neither tracked nor waited for (or
+    made in a transaction not passed to `TensorStoreWriter.open` and not committed) is not
+    waited for: what of it has not landed when the manifest is built is not in the commit.
+    If it lands later, the entry fails `open` and verification; if it never lands (the
+    process exits first), the entry is COMPLETE, verifies, and reads fill values there,
+    which nothing can tell from data. Any exception (a
     failed write, KeyboardInterrupt) leaves no marker; the cleanup that follows it runs
     only once every tracked write has landed or failed and every open transaction passed
     to `TensorStoreWriter.open` is aborted.
