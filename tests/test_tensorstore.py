@@ -1947,3 +1947,14 @@ def test_a_path_with_no_array_names_the_arrays_of_the_commit(tmp_path: Any) -> N
         with pytest.raises(ValueError, match=r"has no array there; its arrays \(path=\): "
                                              r"opt/mu, params/b, params/w$"):
             dts.read(url, path=path)
+
+
+def test_write_onto_a_complete_entry_names_what_changes_it(tmp_path: Any) -> None:
+    """write() takes no update=True (a TypeError): its error names writing(update=True)."""
+    url = str(tmp_path / "a.zarr")
+    data = np.arange(16, dtype="int32").reshape(4, 4)
+    dts.write(url, data, chunks=[2, 2])
+    with pytest.raises(AlreadyCompleteError, match=r"durable\.tensorstore\.writing\(url, "
+                                                   r"update=True\) changes it") as err:
+        dts.write(url, data, chunks=[2, 2])
+    assert "write(..., overwrite=True) replaces it" in str(err.value)

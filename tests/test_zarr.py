@@ -1044,3 +1044,15 @@ def test_publish_puts_every_node_after_its_children_and_the_root_last(
             assert any(k.rpartition("/")[0] == parent and k.rpartition("/")[2] in node_docs
                        for k in later), (key, metadata)
     assert metadata[-1] == (".zmetadata" if zarr_format == 2 else "zarr.json")
+
+
+def test_write_onto_a_complete_entry_names_what_changes_it(tmp_path: Any) -> None:
+    """write() takes no update=True; the generic "update=True changes it" sent a user to
+    an argument write() refuses. Its own error names writing(url, update=True)."""
+    url = str(tmp_path / "a.zarr")
+    dz.write(url, expected(), chunks=CHUNKS)
+    with pytest.raises(AlreadyCompleteError, match=r"durable\.zarr\.writing\(url, "
+                                                   r"update=True\) changes it") as err:
+        dz.write(url, expected(), chunks=CHUNKS)
+    assert "write(..., overwrite=True) replaces it" in str(err.value)
+    assert err.value.url == Entry(url).url

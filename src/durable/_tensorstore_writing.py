@@ -18,7 +18,7 @@ import tensorstore as ts
 
 from durable._checksum import crc32c
 from durable._entry import Entry
-from durable._errors import IntegrityError
+from durable._errors import AlreadyCompleteError, IntegrityError, rewrite_hint
 from durable._lease import Lease
 from durable._protocol import ObjectRecord
 from durable._tensorstore_codecs import (
@@ -501,6 +501,19 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
     # position, so a chunk missing later reads as an error, never as fill values
     # (incident 001), and on a network the chunks' keys are known without a listing.
     kwargs["spec"] = {"store_data_equal_to_fill_value": True, **(kwargs.get("spec") or {})}
+    try:
+        return _write(url, values, storage_options, context, overwrite, checksum_codec,
+                      lease, kwargs)
+    except AlreadyCompleteError as exc:
+        # write() takes no update=True: the way to change the array in place is named.
+        raise rewrite_hint(exc, "write(..., overwrite=True) replaces it, "
+                                "durable.tensorstore.writing(url, update=True) changes it"
+                           ) from None
+
+
+def _write(url: str | os.PathLike[str], values: Any,
+           storage_options: dict[str, Any] | None, context: Any, overwrite: bool,
+           checksum_codec: bool, lease: Lease | None, kwargs: dict[str, Any]) -> Entry:
     with writing(url, storage_options=storage_options, context=context,
                  overwrite=overwrite, lease=lease) as w:
         remote = w._place.endpoint is not None
