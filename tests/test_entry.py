@@ -618,6 +618,24 @@ def test_a_name_of_durables_temp_files_is_refused_when_written(place: Place) -> 
     assert sorted(marker_doc(place)["manifest"]) == ["ok"]
 
 
+def test_a_name_of_durables_records_folder_is_refused_when_written(place: Place) -> None:
+    """A key with a ``.durable`` segment (a user's own folder of that name) was written and
+    committed, and then no verified read could open it: ``.durable`` names durable's own
+    records, where no data is looked up. It is refused when written, naming it, as
+    ``durable::`` refuses it; the rest of the entry commits."""
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        for bad in (".durable", "sub/.durable/inner"):
+            with pytest.raises(ValueError, match=r"\.durable"):
+                w.write_bytes(bad, b"data")
+            with pytest.raises(ValueError, match=r"\.durable"):
+                w.fs.pipe_file(f"{w.path}/{bad}", b"data")
+        w.write_bytes(".durable-ok/x", b"data")
+    assert e.state() is State.COMPLETE
+    assert sorted(marker_doc(place)["manifest"]) == [".durable-ok/x"]
+    assert read_verified(place.url("ent", ".durable-ok", "x")) == b"data"
+
+
 def test_a_copy_into_the_entry_is_of_the_recorded_bytes_only(place: Place) -> None:
     """``w.fs.cp_file`` from another committed entry read the source unchecked: damaged
     bytes there were copied, recorded with their own CRC32C, and committed as good data
