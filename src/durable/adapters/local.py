@@ -59,6 +59,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from durable._errors import IntegrityError
+from durable._pool import bounded_map
 from durable.adapters.base import (
     Adapter,
     AtomicFile,
@@ -507,8 +508,10 @@ class LocalAdapter(Adapter):
         # before this returns, which is all the marker after it needs. One batch, not two
         # one after the other: the file system commits concurrent fsyncs together.
         pool = _fsync_pool()
-        list(pool.map(_fsync_any, [*((p, False) for p in paths),
-                                   *((d, True) for d in all_dirs)]))
+        for _ in bounded_map(pool, _fsync_any, [*((p, False) for p in paths),
+                                                *((d, True) for d in all_dirs)],
+                             ahead=4 * _SYNC_WORKERS):
+            pass
 
     def sync_soon(self, paths: Iterable[str]) -> list[Future[None]]:
         # The same pool as `sync`'s: the disk flushes one object while the writer (or
