@@ -28,6 +28,7 @@ from durable import (
     IntegrityError,
     MarkerError,
     State,
+    atomic_write,
     read_verified,
 )
 from durable.testing.pytest_plugin import Bucket
@@ -634,6 +635,19 @@ def test_a_name_of_durables_records_folder_is_refused_when_written(place: Place)
     assert e.state() is State.COMPLETE
     assert sorted(marker_doc(place)["manifest"]) == [".durable-ok/x"]
     assert read_verified(place.url("ent", ".durable-ok", "x")) == b"data"
+
+
+def test_an_entry_named_like_durables_records_folder_is_refused_naming_why(
+        place: Place) -> None:
+    """An entry or an atomic_write named ``.durable`` was refused as one that "needs a
+    name of its own", which sent the user looking for a missing name. The refusal says
+    that ``.durable`` is durable's records directory."""
+    with pytest.raises(ValueError, match=r"'\.durable' is the name of durable's records"):
+        Entry(place.url(".durable")).writing().__enter__()
+    with (pytest.raises(ValueError, match=r"'\.durable' is the name of durable's records"),
+          atomic_write(place.url("ckpt", ".durable")) as f):
+        f.write(b"x")
+    assert place.files() == {}
 
 
 def test_a_copy_into_the_entry_is_of_the_recorded_bytes_only(place: Place) -> None:
