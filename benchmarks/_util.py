@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,32 @@ def scratch_dir(base: str | None, name: str) -> str:
     root = base or tempfile.gettempdir()
     os.makedirs(root, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"durable-{name}-", dir=root)
+
+
+@contextlib.contextmanager
+def targets(which: list[str], scratch: str | None, name: str, *, s3_prefix: str = ""
+            ) -> Iterator[list[tuple[str, str, Any]]]:
+    """(name, root URL, storage options) of each target asked for ("file": a fresh
+    directory under ``scratch``; "moto": a fresh bucket on a moto server started here),
+    removed or stopped on exit. ``s3_prefix``: a folder inside the bucket (e.g. "/w")."""
+    import urllib.request
+    import uuid
+
+    out: list[tuple[str, str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if "file" in which:
+            workdir = scratch_dir(scratch, name)
+            stack.callback(remove, workdir)
+            out.append(("file", workdir, None))
+        if "moto" in which:
+            from durable.testing.servers import start_moto
+
+            server = stack.enter_context(start_moto())
+            bucket = f"bench-{uuid.uuid4().hex[:12]}"
+            urllib.request.urlopen(urllib.request.Request(f"{server.url}/{bucket}",
+                                                          method="PUT")).close()
+            out.append(("moto", f"s3://{bucket}{s3_prefix}", server.storage_options()))
+        yield out
 
 
 def remove(target: str) -> None:

@@ -60,9 +60,8 @@ import argparse
 import contextlib
 import os
 import sys
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from _util import (
@@ -74,7 +73,7 @@ from _util import (
     ratios,
     remove,
     run_interleaved,
-    scratch_dir,
+    targets,
     write_results,
 )
 
@@ -87,26 +86,6 @@ import tensorstore as ts  # noqa: E402
 
 import durable._tensorstore_reading as reading  # noqa: E402
 import durable.tensorstore as dts  # noqa: E402
-
-
-@contextlib.contextmanager
-def targets(which: list[str], scratch: str | None) -> Iterator[list[tuple[str, str, Any]]]:
-    """(name, root URL, storage options) of each target, and their cleanup."""
-    out: list[tuple[str, str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        if "file" in which:
-            workdir = scratch_dir(scratch, "bench-tensorstore")
-            stack.callback(remove, workdir)
-            out.append(("file", workdir, None))
-        if "moto" in which:
-            from durable.testing.servers import start_moto
-
-            server = stack.enter_context(start_moto())
-            bucket = f"bench-{uuid.uuid4().hex[:12]}"
-            urllib.request.urlopen(urllib.request.Request(f"{server.url}/{bucket}",
-                                                          method="PUT")).close()
-            out.append(("moto", f"s3://{bucket}/w", server.storage_options()))
-        yield out
 
 
 def make_cases(opts: Any, data: Any, chunk: int, committed: str, plain_array: str,
@@ -279,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     data = np.random.default_rng(0).random((side, side), dtype="float32")
     report: dict[str, Any] = {}
     load_before = load_snapshot()
-    with targets(args.targets.split(","), args.dir) as places:
+    with targets(args.targets.split(","), args.dir, "bench-tensorstore", s3_prefix="/w") as places:
         for name, root, opts in places:
             report[name] = bench_target(name, root, opts, data, args.chunk, rounds,
                                         args.warmup)

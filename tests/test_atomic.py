@@ -338,6 +338,17 @@ def test_bad_mode_is_refused_before_anything_is_written(place: Place) -> None:
     assert place.files() == {}
 
 
+def test_data_given_as_the_mode_is_refused_at_the_call(place: Place) -> None:
+    """`atomic_write(url, data)` without `with`: it wrote nothing and said nothing (the
+    arguments were looked at only when a block was entered, and none was)."""
+    with pytest.raises(TypeError, match="context manager") as err:
+        atomic_write(place.url("a.bin"), b"the data")  # type: ignore[arg-type]
+    assert "with durable.atomic_write(url) as f" in str(err.value)
+    with pytest.raises(ValueError, match="mode"):
+        atomic_write(place.url("a.bin"), "rb")  # no `with`: refused all the same
+    assert place.files() == {}
+
+
 def test_handle_is_a_real_binary_file(place: Place) -> None:
     """Code that writes to a file object (np.save, pickle, zipfile) works on it."""
     import pickle

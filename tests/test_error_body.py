@@ -25,6 +25,7 @@ from durable import (
     Entry,
     IncompleteError,
     IntegrityError,
+    State,
     atomic_write,
     open_verified,
     read_verified,
@@ -299,3 +300,54 @@ def test_an_error_document_stored_as_a_legacy_object_is_never_adopted(
         w.write_bytes("index.json", b'{"shards": ["weights.bin"]}')
         (tmp_path / "ckpt" / "weights.bin").write_bytes(S3_DOC)  # e.g. curl -o
     assert entry.read_marker() is None
+
+
+@pytest.mark.parametrize("doc", [S3_DOC, AZURE_DOC, GCS_XML_DOC, GCS_JSON_DOC],
+                         ids=["s3", "azure", "gcs-xml", "gcs-json"])
+def test_an_error_document_written_as_the_data_is_never_recorded(
+        s3_bucket: Bucket, tmp_path: Path, doc: bytes) -> None:
+    """Incident 003 at the writer: ``requests.get(url).content`` of a 403 handed to
+    atomic_write, an entry writer or ``durable::``. Recorded, its CRC32C was the page's,
+    and every verified read returned the page as the checkpoint. Refused as it is closed,
+    nothing published, naming the object and the code; allowed where it is the data."""
+    opts = s3_bucket.storage_options
+    local = str(tmp_path / "model.pt")
+    remote = s3_bucket.path("ckpt", "model.pt")
+    for url, so in ((local, None), (remote, opts)):
+        with pytest.raises(IntegrityError, match="error document") as info, \
+                atomic_write(url, storage_options=so) as f:
+            f.write(doc)
+        assert info.value.url.endswith("model.pt")
+        assert "allow_error_document=True" in str(info.value)
+        with pytest.raises(FileNotFoundError):
+            read_verified(url, storage_options=so)  # nothing was published
+        with atomic_write(url, storage_options=so, allow_error_document=True) as f:
+            f.write(doc)
+        assert read_verified(url, storage_options=so) == doc
+    assert not os.path.exists(local + ".tmp")
+
+    # An entry writer: the object refused at its close; the entry never COMPLETE.
+    entry = Entry(str(tmp_path / "shards"))
+    with pytest.raises(IntegrityError, match=r"shards/model\.pt: not written: .*error "
+                                             r"document") as info2, entry.writing() as w:
+        w.fs.pipe_file(f"{w.path}/config.json", b'{"lr": 0.1}')
+        w.fs.pipe_file(f"{w.path}/model.pt", doc)
+    assert "allow_error_documents = True" in str(info2.value)
+    assert entry.state() is not State.COMPLETE
+    with entry.writing(overwrite=True) as w:
+        w.allow_error_documents = True
+        w.fs.pipe_file(f"{w.path}/model.pt", doc)
+    assert entry.state() is State.COMPLETE
+
+    # durable:: (fsspec): the same refusal.
+    with pytest.raises(IntegrityError, match="error document"):
+        fsspec.filesystem("durable", target_protocol="s3", target_options=opts).pipe_file(
+            f"{s3_bucket.name}/fs/model.pt", doc)
+    assert not s3_bucket.filesystem().exists(f"{s3_bucket.name}/fs/model.pt")
+
+
+def test_small_data_that_is_no_error_document_is_written(tmp_path: Path) -> None:
+    for name, data in NOT_ERRORS.items():
+        with atomic_write(str(tmp_path / name)) as f:
+            f.write(data)
+        assert read_verified(str(tmp_path / name)) == data

@@ -512,6 +512,45 @@ def test_sharded_reads_check_what_they_fetch(target: Target, selection: Any) -> 
         dz.open(url, storage_options=target.options)[selection]
 
 
+@pytest.mark.parametrize("new_dtype", ["int64", "float64"])
+def test_sharded_reads_of_an_array_kept_across_a_rewrite_never_mix_commits(
+        target: Target, new_dtype: str) -> None:
+    """An array opened, then the entry rewritten by another writer (same shape; the same
+    dtype, or float64 over int64): range reads of the new shards decoded under the old
+    metadata gave the new values, or garbage, and no error."""
+    url = target.url("k.zarr")
+    shards = (20, 20)  # four shards of 16 inner chunks: ranges only
+    old = np.arange(40 * 40, dtype="int64").reshape(40, 40)
+    dz.write(url, old, chunks=(5, 5), shards=shards, compressors=None,
+             storage_options=target.options)
+    array = dz.open(url, storage_options=target.options)
+    np.testing.assert_array_equal(array[0:5, 0:5], old[0:5, 0:5])  # shard c/0/0 pinned
+    new = (old * 3 + 1).astype(new_dtype)
+    dz.write(url, new, chunks=(5, 5), shards=shards, compressors=None, overwrite=True,
+             storage_options=target.options)
+    for selection in [(slice(0, 5), slice(5, 10)),     # the pinned shard, another chunk
+                      (slice(20, 40), slice(20, 40))]:  # a shard not read before
+        with pytest.raises(IntegrityError, match="rewritten since it was opened") as err:
+            array[selection]
+        assert "k.zarr/c/" in str(err.value)
+    # Opened again: the new commit, whole.
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], new)
+
+
+def test_a_shard_replaced_by_another_tool_is_refused_not_read(target: Target) -> None:
+    url = target.url("r.zarr")
+    dz.write(url, expected(), chunks=(5, 5), shards=(10, 10), compressors=None,
+             storage_options=target.options)
+    array = dz.open(url, storage_options=target.options)
+    np.testing.assert_array_equal(array[0:5, 0:5], expected()[0:5, 0:5])
+    shard = target.raw_keys("r.zarr/c/0")["0"]
+    # Same size, other bytes, the marker untouched: not a rewrite, and not the commit.
+    target.raw_write("r.zarr/c/0/0", shard[::-1])
+    with pytest.raises(IntegrityError, match=r"r\.zarr/c/0/0") as err:
+        array[5:10, 5:10]
+    assert "rewritten" not in str(err.value)
+
+
 # deletes, appends, resizes ------------------------------------------------------------------------
 def test_fill_value_chunks_are_deleted_and_forgotten(target: Target) -> None:
     url = target.url("f.zarr")

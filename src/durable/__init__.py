@@ -20,6 +20,7 @@ from durable._errors import (
 )
 from durable._lease import Lease
 from durable._protocol import Manifest, Marker, ObjectRecord, State
+from durable._reader import EntryReader
 from durable._serializers import register_serializer
 from durable._verified import open_verified, read_verified
 from durable._version import __version__
@@ -30,6 +31,7 @@ __all__ = [
     "DurableError",
     "Entry",
     "EntryExistsError",
+    "EntryReader",
     "EntryWriter",
     "IncompleteError",
     "IncompleteExistsError",

@@ -29,7 +29,6 @@ __all__ = ["atomic_write", "publish"]
 _BUFFER = 1024 * 1024
 
 
-@contextlib.contextmanager
 def atomic_write(
     url: str,
     mode: str = "wb",
@@ -39,7 +38,8 @@ def atomic_write(
     verify: VerifyLevel | None = None,
     encoding: str | None = None,
     newline: str | None = None,
-) -> Iterator[IO[Any]]:
+    allow_error_document: bool = False,
+) -> contextlib.AbstractContextManager[IO[Any]]:
     """Write ``url`` so that it appears whole on clean exit and is untouched otherwise.
 
     ``mode``: ``"wb"``/``"w"`` replace the target, ``"xb"``/``"x"`` create it only if it
@@ -65,12 +65,34 @@ def atomic_write(
     CRC32C it was sent meets ``"size"`` and ``"probe"`` with no request (the store checked
     that CRC over exactly the bytes it took); see docs/guarantees.md.
 
+    Bytes that are an object store's error document (an S3 ``<Error><Code>AccessDenied``
+    page, a GCS JSON error), written with ``record=True``, are refused at exit
+    (IntegrityError, nothing published): a failed download handed over as the file would
+    be recorded, and every verified read would return the page as data (incident 003).
+    ``allow_error_document=True`` writes them where they really are the data.
+
     Inside a committed entry (a directory or prefix whose marker is in an ancestor's
     ``.durable/``): EntryExistsError naming both, and nothing is published (one marker
     read per folder above; on an object store all at once, while the caller writes).
     """
+    # Checked here, at the call, not when the block is entered: `atomic_write(url, data)`
+    # (the data where the mode goes) without `with` wrote nothing and said nothing.
+    if not isinstance(mode, str):
+        raise TypeError(f"atomic_write(url, mode) is a context manager: write with `with "
+                        f"durable.atomic_write(url) as f: f.write(data)`; mode must be 'wb', "
+                        f"'w', 'xb' or 'x', got {type(mode).__name__} {mode!r:.40}")
     if mode not in ("wb", "w", "xb", "x", "wt", "xt"):
         raise ValueError(f"atomic_write mode must be 'wb', 'w', 'xb' or 'x', got {mode!r}")
+    return _atomic_write(url, mode, storage_options=storage_options, record=record,
+                         verify=verify, encoding=encoding, newline=newline,
+                         allow_error_document=allow_error_document)
+
+
+@contextlib.contextmanager
+def _atomic_write(url: str, mode: str, *, storage_options: dict[str, Any] | None,
+                  record: bool, verify: VerifyLevel | None, encoding: str | None,
+                  newline: str | None, allow_error_document: bool) -> Iterator[IO[Any]]:
+    """`atomic_write`, its arguments checked."""
     if os.fspath(url).endswith("/"):
         # fsspec drops the slash: "newdir/" would be written as a file named newdir.
         raise IsADirectoryError(errno.EISDIR, "a directory, not a file to write",
@@ -102,6 +124,9 @@ def atomic_write(
         pool.shutdown(wait=False)
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
+    if record and not allow_error_document:
+        raw.refuse_error_documents(adapter.url(path),
+                                   "write them with atomic_write(url, allow_error_document=True)")
     buffered = (io.BufferedWriter if "b" in mode else GrowingBuffer)(raw, buffer_size=_BUFFER)
     handle: IO[Any]
     if "b" in mode:

@@ -60,6 +60,8 @@ from durable._protocol import (
     is_attempt_record,
     new_attempt_id,
 )
+from durable._reader import EntryReader
+from durable._reader import reading as _reading
 from durable._writer import EntryWriter
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters.local import DEL_MARK, TMP_MARK
@@ -542,6 +544,22 @@ class Entry:
         else:
             delete_tree(self.adapter, self.path)
         remove_records(self.adapter, self.layout)
+
+    # reading -----------------------------------------------------------------------------
+    def reading(self) -> contextlib.AbstractContextManager[EntryReader]:
+        """Read the COMPLETE entry's current commit, and only it (IncompleteError if it is
+        not COMPLETE).
+
+        Yields an `EntryReader` pinned to the marker read here: ``read(key)`` and
+        ``open(key)`` check each object against that commit's manifest (size, CRC32C), so a
+        checkpoint read file by file is all of one commit, or an error; a rewrite landing
+        between two reads is an IncompleteError saying so, never a mix::
+
+            with durable.Entry("s3://ckpt/run1/latest").reading() as r:
+                state = torch.load(r.open("model.pt"))
+                step = json.loads(r.read("meta.json"))["step"]
+        """
+        return _reading(self)
 
     # writing -----------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -38,6 +38,9 @@ class EntryWriter:
         self.attempt = attempt
         self.path = entry.path
         self.url = entry.url
+        #: False: an object whose bytes are an object store's error document (a failed
+        #: download's 403 page) is refused as it is closed, not recorded as data.
+        self.allow_error_documents = False
         self._records: dict[str, ObjectRecord] = {}
         self._baseline: dict[str, tuple[ObjectRecord, str | None]] = {}
         self._versions: dict[str, str] = {}
@@ -111,6 +114,10 @@ class EntryWriter:
             self._syncing.pop(key, None)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
+        if not self.allow_error_documents:
+            f.refuse_error_documents(self.entry.adapter.url(f"{self.path}/{key}"),
+                                     "set `writer.allow_error_documents = True` in the "
+                                     "writing() block")
         order = next(self._opened)
 
         def dropped(af: AtomicFile) -> None:

@@ -5,7 +5,18 @@ recorded size and CRC32C (a missing one is an IntegrityError, never fill values)
 manifest does not list is the fill value if absent and an IntegrityError if present (it is
 not part of the commit). The check is a dict lookup and a CRC32C of bytes already fetched,
 never a second request. Listings come from the manifest, so they cost nothing and show only
-what was committed. Byte-range reads (sharding) are checked for length only.
+what was committed.
+
+Byte-range reads (sharding) cannot be checked against a whole object's CRC32C. They are
+pinned instead: at the first range read of an object, the store stats it, then reads the
+entry's marker again; a marker still of the commit opened shows that the version stat'ed
+is the committed one (a rewrite removes the marker before it changes any data). Every
+range read of that object is then asked of that version only (a local file checked by its
+inode and mtime, If-Match its ETag or generation on a store), so the index of one commit
+and the chunks of another are never decoded together: an object of another commit is an
+IntegrityError naming the rewrite. The bytes of a range are checked for length; their
+content is vouched for by the version, not by a CRC32C (``checksum_codec=True`` or
+``verify(deep=True)`` check it).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zarr.abc.store import (
@@ -35,6 +47,7 @@ from durable._checksum import crc32c, crc_to_hex
 from durable._entry import Entry
 from durable._errors import DurableError, IntegrityError
 from durable._protocol import ObjectRecord
+from durable.adapters import ObjectInfo
 
 if TYPE_CHECKING:
     from zarr.abc.buffer import Buffer
@@ -129,14 +142,37 @@ class _Unpickled(Mapping[str, ObjectRecord]):
         return len(self.load())
 
 
-def _expected_length(rec: ObjectRecord, byte_range: ByteRequest) -> int:
+def _span(rec: ObjectRecord, byte_range: ByteRequest) -> tuple[int, int]:
+    """(start, length) of ``byte_range`` in an object of the recorded size."""
     if isinstance(byte_range, RangeByteRequest):
-        return max(0, min(byte_range.end, rec.size) - byte_range.start)
+        start = min(byte_range.start, rec.size)
+        return start, max(0, min(byte_range.end, rec.size) - start)
     if isinstance(byte_range, OffsetByteRequest):
-        return max(0, rec.size - byte_range.offset)
+        start = min(byte_range.offset, rec.size)
+        return start, rec.size - start
     if isinstance(byte_range, SuffixByteRequest):
-        return min(byte_range.suffix, rec.size)
+        length = min(byte_range.suffix, rec.size)
+        return rec.size - length, length
     raise TypeError(f"unexpected byte range {byte_range!r}")
+
+
+def _expected_length(rec: ObjectRecord, byte_range: ByteRequest) -> int:
+    return _span(rec, byte_range)[1]
+
+
+class _MarkerLook:
+    """One read of the entry's marker that every caller whose stat ended before it began
+    may share (the stats of many shards, confirmed by one request)."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+#: Range reads of pinned versions run here: zarr asks for many at once (the inner chunks
+#: of a shard), and the default executor has a thread per core and four more.
+_RANGE_POOL = ThreadPoolExecutor(32, thread_name_prefix="durable-zarr-range")
 
 
 class VerifyingStore(WrapperStore[Store]):
@@ -154,6 +190,11 @@ class VerifyingStore(WrapperStore[Store]):
         self._attempt = attempt
         self._manifest = manifest
         self._storage_options = dict(storage_options or {})
+        # Range reads: the version of each object read by ranges, confirmed committed.
+        self._entry: Entry | None = None
+        self._pins: dict[str, ObjectInfo] = {}
+        self._look: _MarkerLook | None = None
+        self._look_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, *, storage_options: dict[str, Any] | None = None,
@@ -286,16 +327,110 @@ class VerifyingStore(WrapperStore[Store]):
                   byte_range: ByteRequest | None = None) -> Buffer | None:
         await self._loaded()
         if byte_range is None:
+            buf = await self._fetched(key, get_whole(self._store, key, prototype))
+            try:
+                return self._check(key, buf, None)
+            except IntegrityError as exc:
+                if key not in self._manifest:
+                    raise
+                # A chunk of another commit: said as the rewrite it is, where it is one.
+                rewritten = await asyncio.get_running_loop().run_in_executor(
+                    _RANGE_POOL, self._rewritten, key)
+                if rewritten is None:
+                    raise
+                raise rewritten from exc
+        if key in self._manifest:
             return self._check(key, await self._fetched(
-                key, get_whole(self._store, key, prototype)), None)
+                key, self._pinned_range(key, prototype, byte_range)), byte_range)
         return self._check(key, await self._fetched(
             key, self._store.get(key, prototype, byte_range)), byte_range)
+
+    # range reads, pinned to the committed version (module doc) ---------------------------
+    def _entry_of(self) -> Entry:
+        if self._entry is None:
+            self._entry = Entry(self._url, storage_options=self._storage_options)
+        return self._entry
+
+    async def _pinned_range(self, key: str, prototype: BufferPrototype,
+                            byte_range: ByteRequest) -> Buffer:
+        start, length = _span(self._manifest[key], byte_range)
+        loop = asyncio.get_running_loop()
+        info = self._pins.get(key)
+        if info is None:
+            info = await loop.run_in_executor(_RANGE_POOL, self._pin, key)
+        entry = self._entry_of()
+        try:
+            data = await loop.run_in_executor(_RANGE_POOL, entry.adapter.read_range,
+                                              f"{entry.path}/{key}", info, start, length)
+        except IntegrityError as exc:
+            # "replaced since it was listed": the version pinned is gone; a rewrite's
+            # doing where the marker changed, else the error as it is.
+            raise self._rewritten(key) or exc from exc
+        return prototype.buffer.from_bytes(data)
+
+    def _pin(self, key: str) -> ObjectInfo:
+        """The version of ``key`` to read ranges of: stat'ed, then shown committed by a
+        marker read that began after the stat."""
+        entry = self._entry_of()
+        rec = self._manifest[key]
+        info = entry.adapter.info(f"{entry.path}/{key}")
+        if info is None or info.size != rec.size:
+            # Not the committed object: a rewrite (said as such), else damage.
+            raise self._rewritten(key) or IntegrityError(
+                f"{self._chunk_url(key)}: the manifest of commit {self._attempt} recorded "
+                f"{rec.size} bytes, the store has "
+                f"{'none' if info is None else info.size}", url=self._chunk_url(key),
+                expected=rec.size, found="missing" if info is None else info.size)
+        problem = self._confirm_commit(key)
+        if problem is not None:
+            raise problem
+        return self._pins.setdefault(key, info)
+
+    def _confirm_commit(self, key: str) -> IntegrityError | None:
+        """The rewrite error unless the marker, read after the caller's stat, is still
+        the commit opened (one read shared by every caller waiting when it starts)."""
+        with self._look_lock:
+            look = self._look
+            mine = look is None or look.started
+            if mine:
+                look = self._look = _MarkerLook()
+        assert look is not None
+        if not mine:
+            look.done.wait()
+            return self._rewritten(key) if look.error is not None else None
+        with self._look_lock:
+            look.started = True
+        try:
+            look.error = self._rewritten(key)
+        except BaseException as exc:
+            look.error = exc
+            raise
+        finally:
+            look.done.set()
+        return look.error if isinstance(look.error, IntegrityError) else None
+
+    def _rewritten(self, key: str) -> IntegrityError | None:
+        """The error for a read of ``key`` after the entry was committed again (or while it
+        is being rewritten: no marker); None while the marker is the commit opened."""
+        marker = self._entry_of().read_marker()
+        if marker is not None and marker.attempt == self._attempt:
+            return None
+        now = "no commit (being rewritten)" if marker is None else f"commit {marker.attempt}"
+        return IntegrityError(
+            f"{self._chunk_url(key)}: the entry was rewritten since it was opened (commit "
+            f"{self._attempt} at the open, {now} now): its bytes are not those of the "
+            "commit opened; open it again", url=self._chunk_url(key), expected=self._attempt,
+            found=None if marker is None else marker.attempt)
 
     async def get_partial_values(self, prototype: BufferPrototype,
                                  key_ranges: Iterable[tuple[str, ByteRequest | None]]
                                  ) -> list[Buffer | None]:
         await self._loaded()
         key_ranges = list(key_ranges)
+        if any(r is not None and k in self._manifest for k, r in key_ranges):
+            # Ranges of committed objects: each pinned, as `get` reads them.
+            return list(await asyncio.gather(*(self.get(k, prototype, r)
+                                               for k, r in key_ranges)))
         keys = sorted({k for k, _ in key_ranges})
         bufs = await self._fetched(keys[0] if len(keys) == 1 else "{" + ",".join(keys) + "}",
                                    self._store.get_partial_values(prototype, key_ranges))

@@ -20,8 +20,9 @@ against the manifest: a listed chunk must be there with its recorded size and CR
 missing one is an IntegrityError, never fill values); a key the manifest does not list is
 the fill value if absent and an IntegrityError if present (it is not part of the commit).
 Listings come from the manifest, so they cost no request. Byte-range reads (sharding) are
-checked for length only: use ``checksum_codec=True`` (zarr's ``crc32c`` codec) or
-``Entry.verify(deep=True)`` where that matters.
+pinned to the committed version of each shard (a shard of a later commit is refused, never
+decoded under this one's metadata) and checked for length; their content is checked by
+``checksum_codec=True`` (zarr's ``crc32c`` codec) or ``Entry.verify(deep=True)``.
 
 Many processes: a pickled `WritingStore` (dask workers) records into a manifest fragment
 of its process instead, merged by the coordinator at commit; `flush_fragments` runs on the

@@ -79,6 +79,7 @@ from durable.adapters.base import (
     VersionMismatchError,
     caused_by,
     circling,
+    exact_range,
     strong_etag,
 )
 
@@ -503,9 +504,21 @@ class AzureAdapter(Adapter):
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         return self._reader(path, info, b"")
 
+    def read_range(self, path: str, info: ObjectInfo, start: int, length: int) -> bytes:
+        # One GET of exactly the range (a reader would fetch a read-ahead block).
+        want = max(0, min(length, info.size - start))
+        data = self._fetcher(path, info, b"")(start, want) if want else b""
+        return exact_range(self.url(path), data, start, want)
+
     def _reader(self, path: str, info: ObjectInfo, first: bytes) -> BinaryIO:
         """A reader of the version ``info`` names; ``first``: its bytes from 0, already
         fetched (by `open_whole`), handed out before any further (pinned) GET."""
+        return open_pinned(self.url(path), info.size, self._fetcher(path, info, first))
+
+    def _fetcher(self, path: str, info: ObjectInfo, first: bytes
+                 ) -> Callable[[int, int], bytes]:
+        """``fetch(start, length)``: one GET of those bytes of the version ``info`` names
+        (If-Match its ETag); ``first``, bytes from 0 already fetched, served once."""
         url = self.url(path)
         pin: dict[str, Any] = {}
         if info.version is not None:
@@ -537,7 +550,7 @@ class AzureAdapter(Adapter):
                                      expected=info.version, found=served)
             return data
 
-        return open_pinned(url, info.size, fetch)
+        return fetch
 
     def open_whole(self, path: str) -> tuple[ObjectInfo, BinaryIO] | None:
         """One GET of the first `READ_AHEAD` bytes: its headers give the info (the

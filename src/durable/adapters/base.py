@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from durable._checksum import Checksum, crc32c, crc_to_hex
+from durable._error_document import ERROR_DOC_LIMIT, error_document
 from durable._errors import IntegrityError, UnsupportedError
 
 __all__ = ["Adapter", "AtomicFile", "Capabilities", "ObjectInfo", "Upload", "VerifyLevel",
@@ -126,6 +127,10 @@ class AtomicFile(io.RawIOBase):
         self.on_drop: Callable[[AtomicFile], None] | None = None
         #: Durable record fields for the object's own metadata, given to `commit`.
         self.record: Mapping[str, str] | None = None
+        #: (the object's URL, how to allow it): `commit` refuses bytes that are an object
+        #: store's error document (`refuse_error_documents`); None: no such check.
+        self.error_document_check: tuple[str, str] | None = None
+        self._head = bytearray()  # the first bytes, kept while the check may need them
         self._done = False
 
     # io.RawIOBase plumbing ---------------------------------------------------------------
@@ -139,9 +144,18 @@ class AtomicFile(io.RawIOBase):
                 # Aborted: a wrapper flushing its buffer on the way out publishes nothing.
                 return view.nbytes
             raise ValueError(f"{self.path}: write to an atomic file already committed")
+        if self.error_document_check is not None and self.checksum.size <= ERROR_DOC_LIMIT:
+            self._head += view[:ERROR_DOC_LIMIT + 1 - self.checksum.size]
         self.checksum.update(view)
         self._write(view)
         return view.nbytes
+
+    def refuse_error_documents(self, url: str, how_to_allow: str) -> None:
+        """Have `commit` refuse (IntegrityError, nothing published) bytes that are an object
+        store's error document: a 403 page a failed download handed over as the file
+        (incident 003) would otherwise be recorded, and every verified read of it would
+        return the page as data. Called before the first write."""
+        self.error_document_check = (url, how_to_allow)
 
     @property
     def done(self) -> bool:
@@ -166,6 +180,17 @@ class AtomicFile(io.RawIOBase):
             if self.info is None:
                 raise ValueError(f"{self.path}: atomic file was aborted")
             return self.info
+        if self.error_document_check is not None and self.checksum.size <= ERROR_DOC_LIMIT:
+            found = error_document(self._head)
+            if found is not None:
+                self.abort()
+                url, how_to_allow = self.error_document_check
+                raise IntegrityError(
+                    f"{url}: not written: the bytes are an object store's error document "
+                    f"(code {found[0]}: {found[1][:200]!r}), not data; a failed download or "
+                    f"request handed over as the file? Nothing was published. If these "
+                    f"bytes really are the data, {how_to_allow}", url=url,
+                    expected="the object's bytes", found=f"an error document ({found[0]})")
         self._done = True
         self.record = record if self.carries_record else None
         try:
@@ -322,6 +347,17 @@ class Adapter(ABC):
     @abstractmethod
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         """A seekable reader of the object `info` describes; raise if it was replaced."""
+
+    def read_range(self, path: str, info: ObjectInfo, start: int, length: int) -> bytes:
+        """Bytes ``[start, start + length)`` of the version ``info`` names (fewer only where
+        the object ends first): one ranged request where the store serves one, refused
+        (IntegrityError) if the object is another version now, never its bytes; a body of
+        another length is an IntegrityError too (a short body is never a short read)."""
+        want = max(0, min(length, info.size - start))
+        with self.open_read(path, info) as f:
+            f.seek(start)
+            data = f.read(want)
+        return exact_range(self.url(path), data, start, want)
 
     def open_whole(self, path: str) -> tuple[ObjectInfo, BinaryIO] | None:
         """The object's info (``record`` included where the adapter reads it) and a reader
@@ -501,6 +537,15 @@ class Adapter(ABC):
     @abstractmethod
     def delete_prefix(self, prefix: str) -> None:
         """Remove ``prefix`` and everything below it; missing is fine."""
+
+
+def exact_range(url: str, data: bytes, start: int, want: int) -> bytes:
+    """``data``, if it is the ``want`` bytes asked for from ``start``; else IntegrityError
+    (a body that ended early taken for the object's end would shift every value after)."""
+    if len(data) != want:
+        raise IntegrityError(f"{url}: asked for {want} bytes from byte {start}, {len(data)} "
+                             "arrived (a short body)", url=url, expected=want, found=len(data))
+    return data
 
 
 def strong_etag(raw: object, url: str) -> str:

@@ -43,7 +43,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO, ClassVar
 from urllib.parse import quote
@@ -65,6 +65,7 @@ from durable.adapters.base import (
     VerifyLevel,
     VersionMismatchError,
     circling,
+    exact_range,
 )
 
 __all__ = ["CHUNK", "READ_TIMEOUT", "GCSAdapter"]
@@ -513,6 +514,17 @@ class GCSAdapter(Adapter):
         return self.info(path) is not None or bool(self._listing(path, limit=1))
 
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
+        return open_pinned(self.url(path), info.size, self._fetcher(path, info))
+
+    def read_range(self, path: str, info: ObjectInfo, start: int, length: int) -> bytes:
+        # One GET of exactly the range (a reader would fetch a read-ahead block).
+        want = max(0, min(length, info.size - start))
+        data = self._fetcher(path, info)(start, want) if want else b""
+        return exact_range(self.url(path), data, start, want)
+
+    def _fetcher(self, path: str, info: ObjectInfo) -> Callable[[int, int], bytes]:
+        """``fetch(start, length)``: one GET of those bytes of the generation ``info``
+        names, refused if the object is another generation now."""
         bucket, key = self._split(path)
         url = self.url(path)
         media = f"{self.fs._location}/download/storage/v1/b/{_q(bucket)}/o/{_q(key)}"
@@ -551,7 +563,7 @@ class GCSAdapter(Adapter):
             data: bytes = body
             return data
 
-        return open_pinned(url, info.size, fetch)
+        return fetch
 
     def read_small(self, path: str, limit: int) -> bytes | None:
         """As `Adapter.read_small`: one GET of its first ``limit + 1`` bytes (a Range the

@@ -74,6 +74,7 @@ from durable.adapters.base import (
     VerifyLevel,
     VersionMismatchError,
     circling,
+    exact_range,
 )
 
 __all__ = ["MIN_PART_SIZE", "S3Adapter"]
@@ -477,20 +478,41 @@ class S3Adapter(Adapter):
                                  retries=_BODY_RETRIES, body=body)
         return io.BufferedReader(raw, buffer_size=buffer_size)
 
-    def _get(self, path: str, info: ObjectInfo, start: int) -> S3Body:
-        """Bytes [start, size) of the version ``info`` names, the answer checked."""
+    def read_range(self, path: str, info: ObjectInfo, start: int, length: int) -> bytes:
+        """One GET of the range, If-Match the version's ETag (a body that ends early is
+        asked again from where it stopped, as by every reader here)."""
+        end = min(info.size, start + max(0, length))
+        if start >= end:
+            return b""
+        url = self.url(path)
+        if info.version is None:
+            raise IntegrityError(f"{url}: no ETag to pin the read to", url=url)
+        raw = PinnedStreamReader(url, end, functools.partial(self._get, path, info, end=end),
+                                 retries=_BODY_RETRIES)
+        with raw:
+            raw.seek(start)
+            data = bytearray()
+            while len(data) < end - start and (block := raw.read(end - start - len(data))):
+                data += block
+        return exact_range(url, bytes(data), start, end - start)
+
+    def _get(self, path: str, info: ObjectInfo, start: int, end: int | None = None
+             ) -> S3Body:
+        """Bytes [start, end) (end: the object's size if None) of the version ``info``
+        names, the answer checked."""
         bucket, key = self._split(path)
         url = self.url(path)
+        end = info.size if end is None else end
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "IfMatch": info.version}
-        if start:
-            kwargs["Range"] = f"bytes={start}-{info.size - 1}"
+        if start or end != info.size:
+            kwargs["Range"] = f"bytes={start}-{end - 1}"
         else:
             # A whole-object GET: botocore checks the body against the store's CRC32C.
             kwargs["ChecksumMode"] = "ENABLED"
         resp = self._call("get_object", url, f"GET from byte {start}", pinned=info.version,
                           **kwargs)
         try:
-            check_response(resp, url, info, start, info.size - start)
+            check_response(resp, url, info, start, end - start)
         except BaseException:
             resp["Body"].close()
             raise

@@ -334,6 +334,30 @@ class AdapterTests:
         with pytest.raises(IntegrityError), self.adapter.open_read(p, info) as f:
             f.read()
 
+    def test_read_range_returns_exactly_the_bytes_asked_for(self) -> None:
+        p, data = self.path("range/obj"), payload(300_001)
+        self.raw_put(p, data)
+        info = self.adapter.info(p)
+        assert info is not None
+        for start, length in ((0, 10), (1000, 4096), (299_990, 11), (299_990, 100),
+                              (0, 300_001), (300_001, 5), (5, 0)):
+            got = self.adapter.read_range(p, info, start, length)
+            assert _same(got, data[start:start + length]), (start, length)
+
+    @pytest.mark.parametrize("replacement", [b"version two, longer", b"version 2!!"])
+    def test_read_range_is_pinned_to_the_version_seen(self, replacement: bytes) -> None:
+        # A shard read by ranges (zarr's sharding): an index of one version and chunks of
+        # the next would decode another commit's bytes under the first one's metadata.
+        self._require("pinned_reads")
+        p = self.path("range-pinned")
+        self.raw_put(p, b"version one")
+        info = self.adapter.info(p)
+        assert info is not None
+        assert self.adapter.read_range(p, info, 8, 3) == b"one"
+        self.raw_put(p, replacement)  # same size or not: another object now
+        with pytest.raises(IntegrityError):
+            self.adapter.read_range(p, info, 8, 3)
+
     # -- delete -----------------------------------------------------------------------------
     def test_delete_and_delete_prefix_remove_exactly_what_they_name(self) -> None:
         keys = ["foo/a", "foo/b/c", "foo-bar/x", "foobar", "other/y", "single"]
