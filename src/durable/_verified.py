@@ -495,6 +495,11 @@ class VerifiedReader(io.RawIOBase):
                     expected=self._size, found=self._pos + got)
             view[got:got + len(chunk)] = chunk
             got += len(chunk)
+        self._passed(view, got)
+        return got
+
+    def _passed(self, view: memoryview, got: int) -> None:
+        """``view[:got]``, the next bytes from ``_pos``, checked before they go out."""
         if not self._verified and self._pos == self._seq.size:
             self._seq.update(view[:got])
             self._ending = (self._ending + bytes(view[max(0, got - 4):got]))[-4:]
@@ -505,18 +510,23 @@ class VerifiedReader(io.RawIOBase):
                 self._check(self._seq, self._head, self._ending)
                 self._verified = True
         self._pos += got
-        return got
 
     def readall(self) -> bytes:
-        """The rest of the object, checked as `readinto` checks it, in one buffer of its
-        size: `io.RawIOBase.readall` read 8 KiB at a time into a growing bytearray
-        (``open_verified(url).read()`` of 1 GiB on a local disk: 30 s, against 1.3 s
-        read in 8 MiB blocks)."""
-        out = bytearray(max(0, self._size - self._pos))
-        if out:
-            self.readinto(out)  # whole, or raises: a short body is never returned
-        self.readinto(out[:0])  # at the end: bytes past the recorded size are refused
-        return bytes(out)
+        """The rest of the object in one read of the store's file, checked as `readinto`
+        checks it and handed out as read: `io.RawIOBase.readall` read 8 KiB at a time into
+        a growing bytearray, then copied it (``open_verified(url).read()`` of 1 GiB on a
+        local disk: 30 s and 2.1 GB; now 1.1 GB, the bytes once)."""
+        want = max(0, self._size - self._pos)
+        data = self._f.read(want) if want else b""
+        if len(data) != want:
+            raise IntegrityError(
+                f"{self._url}: body ended at byte {self._pos + len(data)} of {self._size} "
+                "(short read: shorter than its declared length)", url=self._url,
+                expected=self._size, found=self._pos + len(data))
+        with memoryview(data) as view:
+            self._passed(view, want)  # raises before the bytes go out
+        self.readinto(bytearray())  # at the end: bytes past the recorded size are refused
+        return data
 
     def close(self) -> None:
         if not self.closed:

@@ -191,7 +191,9 @@ class PinnedStreamReader(_SizedReader):
             if self._body is None:
                 self._body, self._left = self._open_body(self._pos), self.size - self._pos
             try:
-                chunk, why = self._body.read(min(want, self._left)), "end of body"
+                # At most READ_AHEAD: a body asked for all it has answers with one
+                # chunk that size, copied into the buffer: the object held twice.
+                chunk, why = self._body.read(min(want, self._left, READ_AHEAD)), "end of body"
             except BrokenBody as exc:
                 chunk, why = b"", str(exc)
                 self._stalls += exc.stalled
