@@ -45,6 +45,7 @@ from durable._nesting import (
     refuse_leased,
     remove_records,
 )
+from durable._pool import bounded_map
 from durable._protocol import (
     MARKER_NAME,
     MAX_MARKER_BYTES,
@@ -482,7 +483,8 @@ class Entry:
 
         if to_read:
             with ThreadPoolExecutor(max(1, workers)) as pool:
-                for item, problem in zip(to_read, pool.map(check, to_read), strict=True):
+                problems = bounded_map(pool, check, to_read, ahead=4 * max(1, workers))
+                for item, problem in zip(to_read, problems, strict=True):
                     report.bytes_checked += item[2].size
                     if problem is not None:
                         report.problems.append(problem)

@@ -485,7 +485,11 @@ class Layout:
 
     def __post_init__(self) -> None:
         parent, _, name = self.path.rstrip("/").rpartition("/")
-        if not name or name in (".", "..", RECORDS_DIR):
+        if name == RECORDS_DIR:
+            # "needs a name of its own" sent users looking for a missing name, not this one.
+            raise ValueError(f"{self.path!r} cannot be an entry: {RECORDS_DIR!r} is the name "
+                             "of durable's records directories; rename it")
+        if not name or name in (".", ".."):
             raise ValueError(f"{self.path!r} cannot be an entry: it needs a name of its own")
         if not parent:
             # A bucket or a file-system root has no parent to hold its records.
