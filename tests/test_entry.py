@@ -929,3 +929,16 @@ def test_deep_verification_holds_no_call_per_object(tmp_path: os.PathLike[str]) 
         finally:
             tracemalloc.stop()
     assert peaks[1] - peaks[0] < 1024 * 1024, peaks  # 2,000 futures held: over 3 MB
+
+
+@pytest.mark.parametrize("key", ["a//b", "../x", "./x", "a\\b"])
+def test_a_key_an_entry_cannot_hold_is_refused_as_bad_input(place: Place, key: str) -> None:
+    """Written through the writer, such a key was refused as a MarkerError (an
+    IntegrityError) speaking of a "manifest key": a corrupt marker, to a caller who had
+    only written a bad name. It is a ValueError naming the key."""
+    e = Entry(place.url("e"))
+    with pytest.raises(ValueError, match="not a name an entry can hold") as err, \
+            e.writing() as w:
+        w.write_bytes(key, b"x")
+    assert not isinstance(err.value, MarkerError)
+    assert repr(key) in str(err.value)

@@ -30,7 +30,7 @@ from durable._protocol import (
     ObjectRecord,
     State,
     attempt_record_bytes,
-    check_key,
+    written_key,
 )
 from durable.adapters import ObjectInfo
 from durable.adapters.local import TMP_MARK
@@ -420,7 +420,7 @@ def _reconcile(entry: Entry, writer: EntryWriter, recorded: dict[str, ObjectReco
         raise IntegrityError(f"{entry.url}: not committing: "
                              + _unrecorded_problem(extra, disputed), url=entry.url)
     for k in extra:
-        check_key(k, entry.url)
+        written_key(k, entry.url)
     records = dict(recorded)
     records.update(recorded_elsewhere)
     records.update(checksum_all(entry.adapter, extra, WORKERS))

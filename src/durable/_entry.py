@@ -56,9 +56,9 @@ from durable._protocol import (
     State,
     attempt_folders,
     carries_record,
-    check_key,
     is_attempt_record,
     new_attempt_id,
+    written_key,
 )
 from durable._reader import EntryReader
 from durable._reader import reading as _reading
@@ -535,7 +535,7 @@ class Entry:
             listing = {k: v for k, v in self.adapter.list(self.path).items()
                        if TMP_MARK not in k.rpartition("/")[2]}
             for k in listing:
-                check_key(k, self.url)
+                written_key(k, self.url)
             # Listings skip links: the entry was adopted without them and read COMPLETE,
             # whole (`durable mark-complete ROOT` skips such folders; this is its Python
             # way in). One walk on a local disk; no request elsewhere.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from durable._checks import LinkedRecords
 from durable._errors import IntegrityError
-from durable._protocol import RECORDS_DIR, ObjectRecord, check_key
+from durable._protocol import RECORDS_DIR, ObjectRecord, written_key
 from durable.adapters import AtomicFile, ObjectInfo
 from durable.adapters.local import TMP_MARK
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from durable._lease import Lease
 
 __all__ = ["EntryWriter"]
+
 
 
 class EntryWriter:
@@ -70,7 +71,7 @@ class EntryWriter:
         prefix = self.path + "/"
         if not path.startswith(prefix):
             raise ValueError(f"{path!r} is outside the entry {self.url}")
-        return check_key(path[len(prefix):], self.url)
+        return written_key(path[len(prefix):], self.url)
 
     def open(self, key: str, *, create_only: bool = False,
              records: bool = False) -> AtomicFile:
@@ -84,7 +85,7 @@ class EntryWriter:
             # A writer that lost its lease stops writing: its objects would land in the
             # entry of the writer that took the lease over.
             self._lease.check()
-        check_key(key, self.url)
+        written_key(key, self.url)
         if TMP_MARK in key.rpartition("/")[2]:
             # The commit removes such names as a killed writer's temp files, and then
             # refused this write for an object "gone at commit".
@@ -181,7 +182,7 @@ class EntryWriter:
         see an object replaced by someone else after this writer wrote it. ``tail``: its
         last 4 bytes where its CRC32C is the residue (`ObjectRecord`), when known.
         """
-        check_key(key, self.url)
+        written_key(key, self.url)
         with self._lock:
             self._records[key] = ObjectRecord(size, crc32c, tail)
             if version is None:
