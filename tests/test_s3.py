@@ -57,17 +57,6 @@ def adapter(s3_bucket: Bucket) -> S3Adapter:
 
 
 @pytest.fixture
-def boto(s3_bucket: Bucket) -> Iterator[Any]:
-    """A plain boto3 client on the same moto server: the view from outside durable."""
-    import boto3  # type: ignore[import-untyped]
-
-    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def proxy(s3_bucket: Bucket) -> Iterator[FaultProxy]:
     with FaultProxy(upstream=s3_bucket.server.url) as p:
         yield p

@@ -210,6 +210,28 @@ def test_kvstore_spec_s3(monkeypatch: pytest.MonkeyPatch) -> None:
         dts.kvstore_spec("s3://bkt/k", {"key": "only"})
 
 
+def test_s3_endpoint_from_the_environment_is_the_one_s3fs_uses(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    # botocore (so s3fs, so the entry's records) takes $AWS_ENDPOINT_URL; tensorstore does
+    # not: the chunks went to AWS (here: a write hanging on an unreachable address).
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
+        monkeypatch.delenv(name, raising=False)
+    endpoint = s3_bucket.storage_options["endpoint_url"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    assert dts.kvstore_spec("s3://bkt/k")["endpoint"] == endpoint
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint + "/s3-only")
+    assert dts.kvstore_spec("s3://bkt/k")["endpoint"] == endpoint + "/s3-only"
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    assert "endpoint" not in dts.kvstore_spec("s3://bkt/k")
+    monkeypatch.delenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    keys = {k: v for k, v in s3_bucket.storage_options.items() if k != "endpoint_url"}
+    url = s3_bucket.path("a.zarr")
+    dts.write(url, values(8), chunks=[4, COLS], storage_options=keys)
+    assert dts.read(url, storage_options=keys).tolist() == values(8).tolist()
+    assert s3_bucket.filesystem().exists(s3_bucket.path("a.zarr", "zarr.json"))
+
+
 def test_kvstore_spec_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
     spec = dts.kvstore_spec("gs://bkt/a/b", {"endpoint_url": "http://127.0.0.1:9",

@@ -399,18 +399,31 @@ class Entry:
         except (OSError, DurableError):
             return ""  # only a hint: the state stands as it was found
         if found is None or found[1].kind != "prefix":
-            if st.reason == "data present but no commit marker":
-                # No durable writer ever started here (else the reason names it): data
-                # written before durable, which "INCOMPLETE" alone left users to rewrite.
-                # (Not `durable mark-complete URL`: that marks the entries found below a
-                # root, this path's own folders, not the path as one entry.)
-                return (f"; written without durable? Once you know it is whole, "
-                        f"durable.Entry({self.url!r}).mark_complete() commits it as it is")
-            return ""
+            if st.reason != "data present but no commit marker":
+                return ""
+            left = self._records_left()
+            if left:
+                # A failed update (an append that failed part-way): its metadata is held
+                # back among these records, and mark_complete would adopt the entry without it.
+                return (f"; a durable write that did not commit left records "
+                        f"({', '.join(left[:3])}): finish it with resume=True, or start "
+                        "over with overwrite=True")
+            # No durable writer ever started here (else the reason names it): data
+            # written before durable, which "INCOMPLETE" alone left users to rewrite.
+            # (Not `durable mark-complete URL`: that marks the entries found below a
+            # root, this path's own folders, not the path as one entry.)
+            return (f"; written without durable? Once you know it is whole, "
+                    f"durable.Entry({self.url!r}).mark_complete() commits it as it is")
         holder = found[0]
         key = self.path.rstrip("/")[len(holder.path.rstrip("/")) + 1:]
         return (f"; it lies inside the entry {holder.url}, which has a commit marker: open "
                 f"that entry and {key!r} inside it")
+
+    def _records_left(self) -> list[str]:
+        """The keys of the entry's records other than its marker (metadata a failed update
+        held back, fragments, a lease): a durable writer was here."""
+        keys = self.adapter.list(self.layout.records)
+        return sorted(k for k in keys if k != MARKER_NAME)
 
     # verifying ---------------------------------------------------------------------------
     def _listing(self, marker: Marker) -> dict[str, ObjectInfo]:
@@ -491,6 +504,16 @@ class Entry:
             raise IncompleteExistsError(
                 f"{self.url}: a durable writer started here and has not committed; it may "
                 "still be at work (pass force=True if you know it is dead)", url=self.url)
+        left = self._records_left()
+        if not force and left:
+            # A failed update or resume (an xarray append that failed part-way) keeps the
+            # entry's metadata held back among its records: adopted, the entry read
+            # COMPLETE with no zarr.json, and its staged metadata was never published.
+            raise IncompleteExistsError(
+                f"{self.url}: has durable records but no marker ({', '.join(left[:3])}): a "
+                "durable write that did not commit left them; finish it with resume=True, "
+                "or start over with overwrite=True (force=True adopts the data as it is)",
+                url=self.url)
         if st.marker is not None:
             # A marker whose data is gone: it describes nothing; replace it.
             self.adapter.delete([self.layout.marker])

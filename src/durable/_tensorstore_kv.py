@@ -71,7 +71,8 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
                  ) -> dict[str, Any]:
     """The tensorstore kvstore spec (JSON) for an fsspec URL, with a trailing ``/``.
 
-    Honoured ``storage_options``: S3 ``endpoint_url`` (also in ``client_kwargs``),
+    Honoured ``storage_options``: S3 ``endpoint_url`` (also in ``client_kwargs``; else
+    $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL, as botocore and so s3fs take them),
     ``client_kwargs.region_name`` (else $AWS_REGION / $AWS_DEFAULT_REGION), ``anon``,
     ``key``/``secret``/``token``, ``profile``; GCS ``endpoint_url`` and ``token`` ("anon"
     or default credentials). tensorstore takes no inline AWS keys: keys that are not the
@@ -89,7 +90,8 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
     if protocol in ("s3", "s3a"):
         client = dict(opts.get("client_kwargs") or {})
         spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": _slashed(key)}
-        endpoint = opts.get("endpoint_url") or client.get("endpoint_url")
+        endpoint = (opts.get("endpoint_url") or client.get("endpoint_url")
+                    or _configured_s3_endpoint())
         if endpoint:
             spec["endpoint"] = str(endpoint)
         region = (client.get("region_name") or os.environ.get("AWS_REGION")
@@ -109,6 +111,15 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
         return {"driver": "gcs", "bucket": bucket, "path": _slashed(key)}
     raise UnsupportedError(f"{url}: tensorstore has no kvstore driver for {protocol!r} URLs "
                            "(supported: file, memory, s3, gs)")
+
+
+def _configured_s3_endpoint() -> str | None:
+    """The endpoint botocore (so s3fs) takes from the environment, which tensorstore ignores:
+    without it the entry's records went to that endpoint and the chunks to AWS."""
+    env = os.environ
+    if env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None
+    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
 
 
 def _slashed(key: str) -> str:

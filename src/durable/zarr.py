@@ -35,6 +35,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from durable._extras import require
+
+require("durable.zarr", "zarr", "zarr", "numpy")
+
 import zarr
 
 from durable._entry import Entry
