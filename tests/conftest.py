@@ -19,6 +19,11 @@ from durable import Entry
 from durable import _background as background
 from durable.testing.faults import FaultProxy
 from durable.testing.pytest_plugin import Bucket
+from durable.testing.servers import set_network_guards
+
+# Before any test module imports gcsfs or a cloud SDK (they read some of these once): the
+# plugin sets them only when a server fixture starts.
+set_network_guards()
 
 
 class Place:
@@ -145,6 +150,18 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(azure_policies.ExponentialRetry, "get_backoff_time",
                         lambda self, settings: 0)
     monkeypatch.setattr(azure_download, "asyncio", _NoSleep(asyncio))
+
+
+@pytest.fixture
+def boto(s3_bucket: Bucket) -> Iterator[Any]:
+    """A plain boto3 client on the moto server (never through a proxy): the view from
+    outside durable."""
+    import boto3  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield client
+    client.close()
 
 
 @pytest.fixture

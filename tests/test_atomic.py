@@ -475,3 +475,24 @@ def test_a_disk_refusing_the_bytes_is_an_error_naming_the_object(tmp_path: Path)
     assert out.startswith("OSError 27 ") and str(target) in out, out
     assert "not published" in out
     assert os.listdir(tmp_path / "ckpt") == []
+
+
+def test_a_name_as_long_as_the_file_system_takes_is_written(tmp_path: Path) -> None:
+    """A file name of 255 bytes (NAME_MAX of ext4, xfs, btrfs: a valid name, as hashed or
+    descriptive shard names reach) could not be written: its temp file, `.NAME` plus
+    durable's mark, was longer than the file system takes, and the open failed with a
+    bare ENAMETOOLONG naming the temp (then again, ignored, from the garbage collector).
+    The temp's name is shortened instead; the object lands under its own name."""
+    root = os.path.realpath(tmp_path)
+    for name in ("x" * 255, "\u00e9" * 127):  # 255 bytes; 254 bytes of 2-byte characters
+        url = os.path.join(root, "ckpt", name)
+        with atomic_write(url) as f:
+            f.write(b"payload")
+        with open(url, "rb") as g:
+            assert g.read() == b"payload"
+        assert read_verified(url) == b"payload"
+        entry = durable.Entry(os.path.join(root, "shard"))
+        with entry.writing(overwrite=True) as w:
+            w.fs.pipe_file(f"{w.path}/{name}", b"chunk")
+        assert read_verified(os.path.join(entry.path, name)) == b"chunk"
+        assert sorted(os.listdir(entry.path)) == [name]  # no temp left beside it

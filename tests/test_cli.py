@@ -1019,3 +1019,16 @@ def test_options_nested_too_deeply_are_a_usage_error(tmp_path: os.PathLike[str])
     # -o takes a value that is not JSON as a string: an unknown option of the filesystem
     result = CliRunner().invoke(cli, ["-o", f"a={deep}", "status", url])
     assert not isinstance(result.exception, RecursionError)
+
+
+def test_summaries_count_one_entry_in_the_singular(tmp_path: Path) -> None:
+    # "1 entries under ...", "1 entries already have a marker": seen by every user whose
+    # root holds one entry.
+    entry = Entry(str(tmp_path / "a"))
+    with entry.writing() as w:
+        w.fs.pipe_file(f"{w.path}/x.bin", b"x")
+    for args, expected in ((["scan"], "1 entry under"), (["verify"], "1 entry under"),
+                           (["mark-complete"], "1 entry already has a marker")):
+        result = CliRunner().invoke(cli, [*args, str(tmp_path)])
+        assert expected in result.output, result.output
+        assert "1 entries" not in result.output

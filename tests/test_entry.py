@@ -28,6 +28,7 @@ from durable import (
     IntegrityError,
     MarkerError,
     State,
+    atomic_write,
     read_verified,
 )
 from durable.testing.pytest_plugin import Bucket
@@ -618,6 +619,37 @@ def test_a_name_of_durables_temp_files_is_refused_when_written(place: Place) -> 
     assert sorted(marker_doc(place)["manifest"]) == ["ok"]
 
 
+def test_a_name_of_durables_records_folder_is_refused_when_written(place: Place) -> None:
+    """A key with a ``.durable`` segment (a user's own folder of that name) was written and
+    committed, and then no verified read could open it: ``.durable`` names durable's own
+    records, where no data is looked up. It is refused when written, naming it, as
+    ``durable::`` refuses it; the rest of the entry commits."""
+    e = Entry(place.url("ent"))
+    with e.writing() as w:
+        for bad in (".durable", "sub/.durable/inner"):
+            with pytest.raises(ValueError, match=r"\.durable"):
+                w.write_bytes(bad, b"data")
+            with pytest.raises(ValueError, match=r"\.durable"):
+                w.fs.pipe_file(f"{w.path}/{bad}", b"data")
+        w.write_bytes(".durable-ok/x", b"data")
+    assert e.state() is State.COMPLETE
+    assert sorted(marker_doc(place)["manifest"]) == [".durable-ok/x"]
+    assert read_verified(place.url("ent", ".durable-ok", "x")) == b"data"
+
+
+def test_an_entry_named_like_durables_records_folder_is_refused_naming_why(
+        place: Place) -> None:
+    """An entry or an atomic_write named ``.durable`` was refused as one that "needs a
+    name of its own", which sent the user looking for a missing name. The refusal says
+    that ``.durable`` is durable's records directory."""
+    with pytest.raises(ValueError, match=r"'\.durable' is the name of durable's records"):
+        Entry(place.url(".durable")).writing().__enter__()
+    with (pytest.raises(ValueError, match=r"'\.durable' is the name of durable's records"),
+          atomic_write(place.url("ckpt", ".durable")) as f):
+        f.write(b"x")
+    assert place.files() == {}
+
+
 def test_a_copy_into_the_entry_is_of_the_recorded_bytes_only(place: Place) -> None:
     """``w.fs.cp_file`` from another committed entry read the source unchecked: damaged
     bytes there were copied, recorded with their own CRC32C, and committed as good data
@@ -874,3 +906,39 @@ def test_a_bucket_or_root_is_refused_as_an_entry_by_the_url_given(
             Entry(url, storage_options=s3_bucket.storage_options)
     with pytest.raises(ValueError, match=r"^file:///: .*a name of its own"):
         Entry("/")
+
+
+def test_deep_verification_holds_no_call_per_object(tmp_path: os.PathLike[str]) -> None:
+    """A deep verify submitted one read per object at once and held every future to the
+    end (about 1.6 KB each: 160 MB at 100,000 chunks, 1.6 GB at a million), and read each
+    object in an 8 MiB block however small it was. Its memory beyond the manifest and the
+    listing (which a size-only verify holds too) is now a window of reads, whatever the
+    number of objects."""
+    import tracemalloc
+
+    e = Entry(os.path.join(os.path.realpath(tmp_path), "ent"))
+    with e.writing() as w:
+        for i in range(2000):
+            w.write_bytes(f"c/{i}", b"x")
+    peaks = []
+    for deep in (False, True):
+        tracemalloc.start()
+        try:
+            assert e.verify(deep=deep, workers=2).objects == 2000
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    assert peaks[1] - peaks[0] < 1024 * 1024, peaks  # 2,000 futures held: over 3 MB
+
+
+@pytest.mark.parametrize("key", ["a//b", "../x", "./x", "a\\b"])
+def test_a_key_an_entry_cannot_hold_is_refused_as_bad_input(place: Place, key: str) -> None:
+    """Written through the writer, such a key was refused as a MarkerError (an
+    IntegrityError) speaking of a "manifest key": a corrupt marker, to a caller who had
+    only written a bad name. It is a ValueError naming the key."""
+    e = Entry(place.url("e"))
+    with pytest.raises(ValueError, match="not a name an entry can hold") as err, \
+            e.writing() as w:
+        w.write_bytes(key, b"x")
+    assert not isinstance(err.value, MarkerError)
+    assert repr(key) in str(err.value)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import builtins
 import pickle
 import re
+import subprocess
+import sys
 import types
 
 import pytest
@@ -111,3 +113,31 @@ def test_message_is_the_first_line() -> None:
     assert str(err) == "file:///x: 1 bytes arrived, 2 expected"
     with pytest.raises(OSError, match="1 bytes arrived"):
         raise err
+
+
+# A user who installed only the core and imports an integration, or names a cloud URL, is
+# told which extra to install, not the bare "No module named 'zarr'" or fsspec's "Install
+# s3fs". The missing package is made unimportable in a child process (sys.modules[x] = None,
+# what Python does for a module known to be absent), as in a venv without the extra.
+MISSING = [
+    ("zarr", "import durable.zarr", "durable.zarr needs zarr", "durable-io[zarr]"),
+    ("xarray", "import durable.xarray", "durable.xarray needs xarray", "durable-io[xarray]"),
+    ("tensorstore", "import durable.tensorstore", "durable.tensorstore needs tensorstore",
+     "durable-io[tensorstore]"),
+    ("s3fs", "durable.Entry('s3://b/k').state()", "'s3://b/k' needs s3fs", "durable-io[s3]"),
+    ("gcsfs", "durable.Entry('gs://b/k').state()", "'gs://b/k' needs gcsfs", "durable-io[gcs]"),
+    ("adlfs", "durable.Entry('az://c/k').state()", "'az://c/k' needs adlfs",
+     "durable-io[azure]"),
+]
+
+
+@pytest.mark.parametrize(("module", "code", "what", "extra"), MISSING,
+                         ids=[m[0] for m in MISSING])
+def test_a_missing_extra_is_named(module: str, code: str, what: str, extra: str) -> None:
+    script = (f"import sys; sys.modules[{module!r}] = None\nimport durable\n"
+              f"try:\n    {code}\nexcept ModuleNotFoundError as e:\n"
+              "    print(type(e).__name__, e)\nelse:\n    print('no error')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith(f"ModuleNotFoundError {what}, which is not installed"), out
+    assert f"pip install '{extra}'" in out

@@ -285,6 +285,20 @@ def test_a_listing_of_a_missing_bucket_names_it(gcs: Bucket) -> None:
     assert a.list(f"{gcs.name}/no-such-prefix") == {}  # an empty prefix is no error
 
 
+@pytest.mark.parametrize("data", [SMALL, LARGE], ids=["single-request", "resumable"])
+@pytest.mark.parametrize("create_only", [False, True], ids=["replace", "create-only"])
+def test_a_write_into_a_missing_bucket_names_it(gcs: Bucket, data: bytes,
+                                                create_only: bool) -> None:
+    """gcsfs's own error named the upload API ("http://HOST/upload/storage/v1/b/NAME/o"),
+    neither the object nor that the bucket is missing (an entry's first write, its attempt
+    record, into a mistyped bucket)."""
+    a = adapter(gcs)
+    with pytest.raises(FileNotFoundError,
+                       match=r"^gs://no-such-bucket-x/p/o: no such bucket 'no-such-bucket-x'"
+                       ), a.open_atomic("no-such-bucket-x/p/o", create_only=create_only) as f:
+        f.write(data)
+
+
 def test_create_only_race_has_exactly_one_winner(fake_gcs_bucket: Bucket) -> None:
     a = adapter(fake_gcs_bucket)
     for round_ in range(20):

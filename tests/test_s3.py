@@ -57,17 +57,6 @@ def adapter(s3_bucket: Bucket) -> S3Adapter:
 
 
 @pytest.fixture
-def boto(s3_bucket: Bucket) -> Iterator[Any]:
-    """A plain boto3 client on the same moto server: the view from outside durable."""
-    import boto3  # type: ignore[import-untyped]
-
-    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def proxy(s3_bucket: Bucket) -> Iterator[FaultProxy]:
     with FaultProxy(upstream=s3_bucket.server.url) as p:
         yield p
@@ -1022,3 +1011,27 @@ def test_exists_tells_an_object_a_prefix_and_nothing_apart_among_lookalike_sibli
     assert not adapter.exists(f"{root}/nothing")
     assert adapter.exists(f"{root}/d")
     assert adapter.exists(root)
+
+
+def test_read_verified_takes_an_object_in_large_blocks(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_verified read the body 8 KiB at a time (io.RawIOBase.readall), each read a hop
+    to the client's event loop: a 300 MB object took 9.3 s from moto, where open_verified's
+    8 MiB reads took 0.8 s. It is read in blocks of 8 MiB, whole and checked as before."""
+    from durable.adapters._ranged import PinnedStreamReader
+
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    _write(s3_bucket, "big.bin", data)
+    reads: list[int] = []
+    real = PinnedStreamReader.readinto
+
+    def counted(self: PinnedStreamReader, buffer: Any) -> int:
+        n = real(self, buffer)
+        reads.append(n)
+        return n
+
+    monkeypatch.setattr(PinnedStreamReader, "readinto", counted)
+    assert read_verified(s3_bucket.path("big.bin"),
+                         storage_options=s3_bucket.storage_options) == data
+    assert sum(reads) == len(data)
+    assert len(reads) < 50, len(reads)  # 8 KiB reads: 385

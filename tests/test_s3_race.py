@@ -105,17 +105,6 @@ def _child(prefix: str, rounds: int, options: dict[str, Any], results: Any) -> N
 pytestmark = pytest.mark.s3
 
 
-@pytest.fixture
-def boto(s3_bucket: Bucket) -> Iterator[Any]:
-    """A plain boto3 client on the same moto server: the view from outside durable."""
-    import boto3  # type: ignore[import-untyped]
-
-    client = boto3.client("s3", endpoint_url=s3_bucket.server.url, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    yield client
-    client.close()
-
-
 class MarkerGate:
     """A proxy predicate that holds each PUT of a commit marker until the PUTs of all
     ``writers`` for that marker have arrived, then lets them go together.

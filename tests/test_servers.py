@@ -167,6 +167,36 @@ def test_a_killed_session_takes_its_server_with_it() -> None:
         time.sleep(0.05)
 
 
+_OTHER_PROJECT = """
+import os
+
+def test_env_is_the_users(pytestconfig):
+    assert pytestconfig.pluginmanager.has_plugin("durable")  # loaded, by its entry point
+    assert os.environ["AWS_DEFAULT_REGION"] == "eu-west-1"
+    assert "AWS_ACCESS_KEY_ID" not in os.environ
+    assert "GCE_METADATA_HOST" not in os.environ
+
+def test_a_server_fixture_sets_the_guards(moto_server):
+    assert os.environ["AWS_DEFAULT_REGION"] == "us-east-1"
+    assert os.environ["AWS_EC2_METADATA_DISABLED"] == "true"
+"""
+
+
+def test_the_plugin_leaves_another_projects_environment_alone(tmp_path: Path) -> None:
+    """durable-io's plugin is loaded in every pytest session of the environment: set at
+    its import, the guards made an unrelated suite see us-east-1 and the key "testing"
+    (its real region and profile overridden). Now only a server fixture sets them."""
+    (tmp_path / "test_other.py").write_text(_OTHER_PROJECT)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "GCE_", "GCSFS_", "NO_GCE", "PYTEST_"))}
+    env["AWS_DEFAULT_REGION"] = "eu-west-1"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "test_other.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+
+
 def test_network_guards_are_set_by_the_plugin() -> None:
     assert os.environ["AWS_EC2_METADATA_DISABLED"] == "true"
     assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"

@@ -18,10 +18,12 @@ import math
 import os
 import re
 import stat
+import threading
 import time
 import uuid
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,7 +43,7 @@ from durable import (
     UnsupportedError,
 )
 from durable._checksum import crc32c
-from durable._tensorstore_kv import _MEMORY
+from durable._tensorstore_kv import _MEMORY, forget_endpoint
 from durable.testing import faults
 from durable.testing.faults import FaultProxy, Match
 from durable.testing.pytest_plugin import Bucket
@@ -210,6 +212,28 @@ def test_kvstore_spec_s3(monkeypatch: pytest.MonkeyPatch) -> None:
         dts.kvstore_spec("s3://bkt/k", {"key": "only"})
 
 
+def test_s3_endpoint_from_the_environment_is_the_one_s3fs_uses(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    # botocore (so s3fs, so the entry's records) takes $AWS_ENDPOINT_URL; tensorstore does
+    # not: the chunks went to AWS (here: a write hanging on an unreachable address).
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
+        monkeypatch.delenv(name, raising=False)
+    endpoint = s3_bucket.storage_options["endpoint_url"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    assert dts.kvstore_spec("s3://bkt/k")["endpoint"] == endpoint
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint + "/s3-only")
+    assert dts.kvstore_spec("s3://bkt/k")["endpoint"] == endpoint + "/s3-only"
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    assert "endpoint" not in dts.kvstore_spec("s3://bkt/k")
+    monkeypatch.delenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    keys = {k: v for k, v in s3_bucket.storage_options.items() if k != "endpoint_url"}
+    url = s3_bucket.path("a.zarr")
+    dts.write(url, values(8), chunks=[4, COLS], storage_options=keys)
+    assert dts.read(url, storage_options=keys).tolist() == values(8).tolist()
+    assert s3_bucket.filesystem().exists(s3_bucket.path("a.zarr", "zarr.json"))
+
+
 def test_kvstore_spec_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
     spec = dts.kvstore_spec("gs://bkt/a/b", {"endpoint_url": "http://127.0.0.1:9",
@@ -222,22 +246,59 @@ def test_kvstore_spec_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
         dts.kvstore_spec("gs://bkt/a", {"token": "/some/key.json"})
 
 
-def test_s3_keys_from_storage_options_are_the_ones_tensorstore_signs_with(
-        s3_bucket: Bucket) -> None:
-    signed: list[str] = []
+@contextlib.contextmanager
+def signing_keys(bucket: Bucket) -> Iterator[tuple[FaultProxy, list[str]]]:
+    """A proxy in front of the bucket's store, and the access key each request through it
+    was signed with ("" for an unsigned one)."""
+    keys: list[str] = []
 
     def look(info: faults.RequestInfo) -> bool:
-        signed.append(info.headers.get("authorization") or "")
+        signed = info.headers.get("authorization") or ""
+        keys.append(signed.split("Credential=")[1].split("/")[0] if signed else "")
         return False  # observe only, no fault
 
-    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+    with FaultProxy(upstream=bucket.storage_options["endpoint_url"]) as proxy:
         proxy.add(faults.delay(0, match=Match(where=look)))
+        yield proxy, keys
+
+
+def test_s3_keys_from_storage_options_are_the_ones_tensorstore_signs_with(
+        s3_bucket: Bucket) -> None:
+    with signing_keys(s3_bucket) as (proxy, keys):
         opts = {"endpoint_url": proxy.url, "key": "durable-test-key", "secret": "s"}
         kv = ts.KvStore.open(dts.kvstore_spec(s3_bucket.path("k"), opts)).result()
         kv.write("x", b"1").result()
         assert kv.read("x").result().value == b"1"
-    credentials = {h.split("Credential=")[1].split("/")[0] for h in signed if h}
-    assert credentials == {"durable-test-key"}
+    assert {k for k in keys if k} == {"durable-test-key"}
+
+
+def test_keys_in_client_kwargs_are_the_ones_every_request_is_signed_with(
+        s3_bucket: Bucket) -> None:
+    """s3fs hands ``client_kwargs`` to botocore, which takes keys there too: durable's own
+    requests were signed with them while tensorstore's chunks went out with the default
+    credentials (another identity, or a 403 after the marker was read fine)."""
+    with signing_keys(s3_bucket) as (proxy, keys):
+        opts = {"client_kwargs": {"endpoint_url": proxy.url,
+                                  "aws_access_key_id": "durable-client-key",
+                                  "aws_secret_access_key": "s"}}
+        url = s3_bucket.path("arr")
+        dts.write(url, values(20), chunks=[10, 10], storage_options=opts)
+        assert (dts.read(url, storage_options=opts) == values(20)).all()
+        assert proxy.count(method="PUT", key="/arr/c/") > 0  # tensorstore's, through it
+    assert set(keys) == {"durable-client-key"}
+
+
+def test_requester_pays_is_refused_before_anything_is_sent(s3_bucket: Bucket) -> None:
+    """tensorstore takes "requester_pays" in its spec and sends no x-amz-request-payer
+    header: a requester-pays bucket would refuse its requests after durable's own, sent
+    with the header by s3fs, had read the marker."""
+    url = s3_bucket.path("arr")
+    opts = {**s3_bucket.storage_options, "requester_pays": True}
+    for how in (lambda: dts.write(url, values(4), storage_options=opts),
+                lambda: dts.read(url, storage_options=opts)):
+        with pytest.raises(UnsupportedError, match=r"requester_pays=True.*durable\.zarr"):
+            how()
+    assert Entry(url, storage_options=s3_bucket.storage_options).state() is State.ABSENT
 
 
 # ----------------------------------------------------------------- writing, committing
@@ -721,6 +782,11 @@ def test_zarr_v2_arrays_are_created_by_tensorstore(
     assert w.entry.verify(deep=True).ok
     assert (dts.open(t.url("arr"), storage_options=t.options, spec=v2).read().result()
             == values(20)).all()
+    # Opened as zarr3 (the default): the error says which driver the array needs, where
+    # it said only that the commit had no array there.
+    with pytest.raises(ValueError, match=r"arr/zarr\.json: .*a zarr v2 array is there "
+                                         r"\(\.zarray\); pass spec=\{'driver': 'zarr'\}"):
+        dts.read(t.url("arr"), storage_options=t.options)
 
 
 @pytest.mark.parametrize("kind", ["file", "s3"])
@@ -1774,3 +1840,121 @@ def test_a_huge_marker_on_gcs_is_refused_without_downloading_it(
         taken = [r.response_bytes for r in proxy.requests
                  if unquote(r.path).endswith("/arr/commit.json")]
         assert taken and sum(taken) < size // 4, taken
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_a_write_into_a_missing_bucket_names_it(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mistyped bucket: the writer's ETag probe, its first request, failed with
+    tensorstore's own text ('NOT_FOUND: Not Found [http_response_code='404']' on GCS),
+    naming neither the bucket nor the URL, where a read of the same URL said 'no such
+    bucket'."""
+    t = make_target(kind, request, tmp_path, monkeypatch)
+    assert t.bucket is not None
+    url = t.url("arr").replace(t.bucket.name, t.bucket.name + "-typo", 1)
+    for how in (lambda: dts.write(url, values(4), storage_options=t.options),
+                lambda: dts.writing(url, storage_options=t.options).__enter__()):
+        # A job's first write in its process: the endpoint's ETags not yet probed.
+        forget_endpoint(t.bucket.server.url)
+        with pytest.raises(FileNotFoundError) as err:
+            how()
+        assert str(err.value).startswith(f"{url}: ")
+        assert f"no such bucket '{t.bucket.name}-typo'" in str(err.value)
+
+
+def test_a_write_the_store_forbids_says_so_naming_the_entry(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    proxy.add(faults.error(403, method="PUT"))
+    url = s3_bucket.path("arr")
+    with pytest.raises(PermissionError) as err:
+        dts.write(url, values(4), storage_options=via)
+    assert str(err.value).startswith(f"{url}: writing into bucket '{s3_bucket.name}' is "
+                                     "not allowed")
+    assert "AccessDenied" in str(err.value)
+
+
+def test_chunks_whose_etags_alone_are_unusable_read_through_durable(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """The probe judges an endpoint by the marker's ETag; a gateway that mangles the ETags
+    of some objects only (here the chunks) passes it, the shared cache is revalidated after
+    the next commit, and the revalidation of a chunk failed `read` with tensorstore's
+    'Malformed StorageGeneration' (incident 000's error, through durable). `read` now
+    probes that chunk, and reads with a cache of its own where the ETag still pins a read,
+    as it does where the marker's ETag is unusable."""
+    url = s3_bucket.path("arr")
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)  # straight to moto
+    proxy.add(faults.rewrite_etag("unquoted", key="/arr/c/"))
+    ctx = shared_context()
+    assert (dts.read(url, storage_options=via, context=ctx) == 1).all()  # cached
+    child_write(url, "overwrite", 2, 20, s3_bucket.storage_options)
+    assert (dts.read(url, storage_options=via, context=ctx) == 2).all()  # revalidated
+    assert (dts.open(url, storage_options=via, context=ctx).read().result() == 2).all()
+    with pytest.raises(dts.UnusableETagError) as err:
+        dts.read(url, storage_options=via, context=ctx, on_unusable_etags="error")
+    assert err.value.url is not None and "/arr/c/" in err.value.url
+    assert err.value.endpoint == proxy.url
+
+
+def test_a_commit_landing_during_a_readers_look_is_never_called_data_without_durable(
+        s3_bucket: Bucket, proxy: FaultProxy) -> None:
+    """A reader finds no marker, then lists the records after the rewrite committed and
+    removed its attempt record: the listing shows the new marker and no writer. That read
+    "data present but no commit marker; written without durable? ... mark_complete()
+    commits it as it is", advice that commits whatever is there as COMPLETE (seen 18 times
+    in 500 reads of a checkpoint rewritten ten times by another process)."""
+    from durable import _background as background
+
+    url = s3_bucket.path("arr")
+    via = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+    child_write(url, "fresh", 1, 20, s3_bucket.storage_options)  # straight to moto
+    reached, committed = threading.Event(), threading.Event()
+
+    def hold_records_listing(info: faults.RequestInfo) -> bool:
+        if "list-type" in info.query and info.query.get("prefix", [""])[0].endswith(
+                ".durable/arr/"):
+            reached.set()
+            committed.wait(30)  # the reader's listing goes out once the rewrite committed
+        return False  # observe only, no fault
+
+    writing = dts.writing(url, storage_options=s3_bucket.storage_options, overwrite=True)
+    w = writing.__enter__()
+    w.write(w.open(create=True, dtype=ts.float32, shape=[20, COLS]), values(20, 1))
+    proxy.add(faults.delay(0, match=Match(where=hold_records_listing)))
+    with ThreadPoolExecutor(1) as pool:
+        status = pool.submit(Entry(url, storage_options=via).status)
+        assert reached.wait(30)
+        writing.__exit__(None, None, None)
+        background.wait()  # the committed attempt's record removed
+        committed.set()
+        st = status.result()
+    assert st.state is State.INCOMPLETE and "a commit landed" in st.reason, st.reason
+    assert "mark_complete" not in Entry(url, storage_options=via)._inside_hint(st)
+    assert (dts.read(url, storage_options=via) == values(20, 1)).all()  # as it says
+
+
+def test_a_path_with_no_array_names_the_arrays_of_the_commit(tmp_path: Any) -> None:
+    """A checkpoint of many arrays read with a mistyped path= (or none): the error said only
+    that the commit had no array there, leaving the user to list the store."""
+    url = os.path.join(os.path.realpath(tmp_path), "ckpt")
+    with dts.writing(url) as w:
+        for name in ("params/w", "params/b", "opt/mu"):
+            array = w.open(name, create=True, dtype=ts.float32, shape=[4])
+            w.write(array, np.zeros(4, "float32"))
+    for path in ("params/W", ""):
+        with pytest.raises(ValueError, match=r"has no array there; its arrays \(path=\): "
+                                             r"opt/mu, params/b, params/w$"):
+            dts.read(url, path=path)
+
+
+def test_write_onto_a_complete_entry_names_what_changes_it(tmp_path: Any) -> None:
+    """write() takes no update=True (a TypeError): its error names writing(update=True)."""
+    url = str(tmp_path / "a.zarr")
+    data = np.arange(16, dtype="int32").reshape(4, 4)
+    dts.write(url, data, chunks=[2, 2])
+    with pytest.raises(AlreadyCompleteError, match=r"durable\.tensorstore\.writing\(url, "
+                                                   r"update=True\) changes it") as err:
+        dts.write(url, data, chunks=[2, 2])
+    assert "write(..., overwrite=True) replaces it" in str(err.value)

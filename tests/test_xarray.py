@@ -113,12 +113,9 @@ class Boom(Exception):
     pass
 
 
-def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
-        target: Target) -> None:
-    """An append that failed part-way left its metadata at the appended length; rerun as
-    it was (mode="a", append_dim), it was taken as a resume, appended after that length and
-    committed the rows between as fill values: COMPLETE, verify OK, NaN where data was."""
-    url = target.url("gap.zarr")
+def failed_append(target: Target, url: str) -> tuple[xr.Dataset, xr.Dataset]:
+    """A committed dataset (the first), then an append of the second failing after its
+    first chunk was written: the entry INCOMPLETE, its metadata held back."""
     first, second = dataset(0, 8), dataset(8, 8)
     dx.to_zarr(first, url, storage_options=target.options)
 
@@ -131,6 +128,16 @@ def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
         fail_on_the_second_chunk, dtype="float32")))
     with pytest.raises(Boom):
         dx.to_zarr(failing, url, storage_options=target.options, mode="a", append_dim="t")
+    return first, second
+
+
+def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
+        target: Target) -> None:
+    """An append that failed part-way left its metadata at the appended length; rerun as
+    it was (mode="a", append_dim), it was taken as a resume, appended after that length and
+    committed the rows between as fill values: COMPLETE, verify OK, NaN where data was."""
+    url = target.url("gap.zarr")
+    first, second = failed_append(target, url)
     entry = Entry(url, storage_options=target.options)
     assert entry.state() is State.INCOMPLETE
     with pytest.raises(IncompleteExistsError, match="update=True changes a COMPLETE entry"):
@@ -143,6 +150,27 @@ def test_a_rerun_of_a_failed_append_is_refused_never_committed_with_a_gap(
     dx.to_zarr(second.drop_vars("y"), url, storage_options=target.options, mode="r+",
                region={"t": slice(8, 16)}, resume=True)
     assert entry.verify(deep=True).ok
+    xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
+                                xr.concat([first, second], "t").load())
+
+
+def test_a_failed_append_is_not_offered_for_adoption(target: Target) -> None:
+    """A failed append holds the entry's metadata back among its records. The error of a
+    read said "written without durable? ... mark_complete() commits it as it is", and
+    mark_complete did: the entry read COMPLETE without its zarr.json."""
+    url = target.url("adopt.zarr")
+    first, second = failed_append(target, url)
+    entry = Entry(url, storage_options=target.options)
+    with pytest.raises(IncompleteError) as read:
+        dx.open_zarr(url, storage_options=target.options)
+    assert "mark_complete" not in str(read.value)
+    assert "resume=True" in str(read.value)
+    with pytest.raises(IncompleteExistsError, match="has durable records but no marker"):
+        entry.mark_complete()
+    assert entry.state() is State.INCOMPLETE
+    # The way out the error names still works.
+    dx.to_zarr(second.drop_vars("y"), url, storage_options=target.options, mode="r+",
+               region={"t": slice(8, 16)}, resume=True)
     xr.testing.assert_identical(dx.open_zarr(url, storage_options=target.options).load(),
                                 xr.concat([first, second], "t").load())
 

@@ -60,7 +60,11 @@ class Target:
         self.root = root
         self.bucket = bucket
         self.options: dict[str, Any] | None = dict(bucket.storage_options) if bucket else None
-        if bucket is not None:
+        if bucket is not None and bucket.protocol != "s3":
+            # GCS/Azure: raw access through the plain fsspec filesystem (its listings
+            # cache dropped before each listing).
+            self._fs = bucket.filesystem()
+        elif bucket is not None:
             import boto3
 
             self._s3 = boto3.client(
@@ -91,6 +95,11 @@ class Target:
             return {k[len(head):]: bytes(v.getbuffer())
                     for k, v in list(MemoryFileSystem.store.items()) if k.startswith(head)}
         assert self.bucket is not None
+        if self.kind != "s3":
+            head = self.url(prefix).split("://", 1)[1] + "/"
+            self._fs.invalidate_cache()
+            return {k[len(head):]: self._fs.cat_file(k)
+                    for k in self._fs.find(head)} if self._fs.exists(head) else {}
         head = self.root.removeprefix(f"s3://{self.bucket.name}/") + "/" + prefix + "/"
         pages = self._s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket.name, Prefix=head)
@@ -106,6 +115,8 @@ class Target:
                 f.write(data)
         elif self.kind == "memory":
             MemoryFileSystem().pipe_file(self.url(rel), data)
+        elif self.kind != "s3":
+            self._fs.pipe_file(self.url(rel).split("://", 1)[1], data)
         else:
             assert self.bucket is not None
             self._s3.put_object(Bucket=self.bucket.name, Body=data,
@@ -116,6 +127,8 @@ class Target:
             os.unlink(os.path.join(self.root, rel))
         elif self.kind == "memory":
             MemoryFileSystem().rm_file(self.url(rel))
+        elif self.kind != "s3":
+            self._fs.rm_file(self.url(rel).split("://", 1)[1])
         else:
             assert self.bucket is not None
             self._s3.delete_object(Bucket=self.bucket.name,
@@ -127,8 +140,18 @@ def make_target(kind: str, request: pytest.FixtureRequest, tmp_path: Any) -> Tar
         return Target("file", os.path.realpath(tmp_path))
     if kind == "memory":
         return Target("memory", f"memory:///zarr-test-{uuid.uuid4().hex[:12]}")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Target("s3", bucket.path("data"), bucket)
+    bucket = request.getfixturevalue(BUCKETS[kind])
+    return Target(kind, bucket.path("data"), bucket)
+
+
+BUCKETS = {"s3": "s3_bucket", "gcs": "gcs_bucket", "fake_gcs": "fake_gcs_bucket",
+           "azure": "azure_container"}
+
+
+# An emulator's fault, not durable's: the pin is sent (tests/test_gcs.py checks the
+# requests) and fake-gcs-server, which honours it, runs these cases.
+GCS_EMULATOR_UNPINNED = ("gcp-storage-emulator ignores generation= and ifGenerationMatch on "
+                         "a read and serves the live generation (fake-gcs-server runs it)")
 
 
 def forget_memory(t: Target) -> None:
@@ -141,6 +164,13 @@ def forget_memory(t: Target) -> None:
 
 
 KINDS = ["file", "memory", pytest.param("s3", marks=pytest.mark.s3)]
+# GCS (both emulators: each enforces another part, tests/test_gcs.py) and Azure, for the
+# tests of what the zarr guide promises on every store (`on_every_store`); the other
+# tests run on KINDS, which GCS and Azure pass too (about 3 minutes more).
+CLOUD_KINDS = [pytest.param("gcs", marks=pytest.mark.gcs),
+               pytest.param("fake_gcs", marks=pytest.mark.gcs),
+               pytest.param("azure", marks=pytest.mark.azure)]
+on_every_store = pytest.mark.parametrize("target", KINDS + CLOUD_KINDS, indirect=True)
 
 
 @pytest.fixture(params=KINDS)
@@ -172,6 +202,7 @@ def manifest_matches_store(t: Target, name: str) -> None:
 
 
 # writing and reading -------------------------------------------------------------------------
+@on_every_store
 @pytest.mark.parametrize("zarr_format", [2, 3])
 def test_write_commits_what_plain_zarr_and_durable_read_back(target: Target,
                                                              zarr_format: int) -> None:
@@ -196,6 +227,23 @@ def test_checksum_codec_is_written_and_read(target: Target) -> None:
     array = dz.open(target.url("c.zarr"), storage_options=target.options)
     assert any(type(c).__name__ == "Crc32cCodec" for c in array.compressors)
     np.testing.assert_array_equal(array[:], data)
+
+
+@on_every_store
+def test_a_sharded_array_with_the_checksum_codec_reads_back_plain_and_durable(
+        target: Target) -> None:
+    """Shards read by ranges (each pinned to the commit) and whole, by durable and by plain
+    zarr, on every store's range reads."""
+    url = target.url("sc.zarr")
+    data = expected()
+    dz.write(url, data, chunks=(5, 5), shards=(10, 10), checksum_codec=True,
+             storage_options=target.options)
+    array = dz.open(url, storage_options=target.options)
+    np.testing.assert_array_equal(array[3:17, 4:9], data[3:17, 4:9])  # ranges of 4 shards
+    np.testing.assert_array_equal(array[:], data)
+    plain = zarr.open_array(url, mode="r", **target.plain_options())
+    np.testing.assert_array_equal(plain[:], data)
+    assert Entry(url, storage_options=target.options).verify(deep=True).ok
 
 
 def test_a_chunk_replaced_by_another_codeword_of_its_size_is_caught(target: Target) -> None:
@@ -233,7 +281,7 @@ def test_a_chunk_replaced_by_another_codeword_of_its_size_is_caught(target: Targ
         f.read()
     with pytest.raises(IntegrityError, match="another chunk of the same size"), \
             fsspec.open(f"durable::{chunk}", "rb",
-                        **({target.kind: target.options} if target.options else {})) as f:
+                        **({target.bucket.protocol: target.options} if target.bucket else {})) as f:
         f.read()
     target.raw_write("cw.zarr/c/0/0", committed["c/0/0"])
     assert entry.verify(deep=True).ok
@@ -344,6 +392,11 @@ def test_killed_after_publish_shows_whole_arrays_only(shared: Target) -> None:
         dz.open(url, storage_options=shared.options)
     plain = zarr.open_group(url, mode="r", **shared.plain_options())
     np.testing.assert_array_equal(plain["a"][:], expected())
+    # A retry finishes it (its own publish and the commit's both run).
+    assert write(url, 3, "resume", shared.options) == "committed"
+    np.testing.assert_array_equal(dz.open(url, storage_options=shared.options)["a"][:],
+                                  expected())
+    manifest_matches_store(shared, "p.zarr")
 
 
 def test_racing_writers_one_commit_wins(shared: Target) -> None:
@@ -496,6 +549,7 @@ def test_chunk_not_in_the_manifest_is_an_integrity_error(target: Target) -> None
     assert info.value.url.endswith("x.zarr/c/1/1")
 
 
+@on_every_store
 @pytest.mark.parametrize("selection", [(slice(15, 20), slice(15, 20)),
                                        (slice(0, 20), slice(10, 20))])
 def test_sharded_reads_check_what_they_fetch(target: Target, selection: Any) -> None:
@@ -512,12 +566,15 @@ def test_sharded_reads_check_what_they_fetch(target: Target, selection: Any) -> 
         dz.open(url, storage_options=target.options)[selection]
 
 
+@on_every_store
 @pytest.mark.parametrize("new_dtype", ["int64", "float64"])
 def test_sharded_reads_of_an_array_kept_across_a_rewrite_never_mix_commits(
         target: Target, new_dtype: str) -> None:
     """An array opened, then the entry rewritten by another writer (same shape; the same
     dtype, or float64 over int64): range reads of the new shards decoded under the old
     metadata gave the new values, or garbage, and no error."""
+    if target.kind == "gcs":
+        pytest.skip(GCS_EMULATOR_UNPINNED)
     url = target.url("k.zarr")
     shards = (20, 20)  # four shards of 16 inner chunks: ranges only
     old = np.arange(40 * 40, dtype="int64").reshape(40, 40)
@@ -537,7 +594,10 @@ def test_sharded_reads_of_an_array_kept_across_a_rewrite_never_mix_commits(
     np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], new)
 
 
+@on_every_store
 def test_a_shard_replaced_by_another_tool_is_refused_not_read(target: Target) -> None:
+    if target.kind == "gcs":
+        pytest.skip(GCS_EMULATOR_UNPINNED)
     url = target.url("r.zarr")
     dz.write(url, expected(), chunks=(5, 5), shards=(10, 10), compressors=None,
              storage_options=target.options)
@@ -598,6 +658,25 @@ def test_append_and_resize_are_recorded(target: Target, zarr_format: int) -> Non
     np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], data[:15])
     np.testing.assert_array_equal(
         zarr.open_array(url, mode="r", **target.plain_options())[:], data[:15])
+
+
+@on_every_store
+def test_publish_called_before_the_commit_of_an_update_commits(target: Target) -> None:
+    """WritingStore.publish is idempotent: called by the caller (to make the metadata
+    visible before the marker), the commit's own publish found staging emptied and raised
+    "hidden from readers by this update, gone from staging" for every document the update
+    had hidden; a resume after a writer killed there failed the same way."""
+    url = target.url("pub.zarr")
+    dz.write(url, expected(), chunks=CHUNKS, storage_options=target.options)
+    with dz.writing(url, storage_options=target.options, update=True) as store:
+        zarr.open_array(store, mode="r+")[0:10, 0:10] = 7
+        store.publish()
+        store.publish()
+    want = expected()
+    want[0:10, 0:10] = 7
+    assert Entry(url, storage_options=target.options).verify(deep=True).ok
+    manifest_matches_store(target, "pub.zarr")
+    np.testing.assert_array_equal(dz.open(url, storage_options=target.options)[:], want)
 
 
 @pytest.mark.filterwarnings("ignore:Consolidated metadata is currently not part")
@@ -1044,3 +1123,15 @@ def test_publish_puts_every_node_after_its_children_and_the_root_last(
             assert any(k.rpartition("/")[0] == parent and k.rpartition("/")[2] in node_docs
                        for k in later), (key, metadata)
     assert metadata[-1] == (".zmetadata" if zarr_format == 2 else "zarr.json")
+
+
+def test_write_onto_a_complete_entry_names_what_changes_it(tmp_path: Any) -> None:
+    """write() takes no update=True; the generic "update=True changes it" sent a user to
+    an argument write() refuses. Its own error names writing(url, update=True)."""
+    url = str(tmp_path / "a.zarr")
+    dz.write(url, expected(), chunks=CHUNKS)
+    with pytest.raises(AlreadyCompleteError, match=r"durable\.zarr\.writing\(url, "
+                                                   r"update=True\) changes it") as err:
+        dz.write(url, expected(), chunks=CHUNKS)
+    assert "write(..., overwrite=True) replaces it" in str(err.value)
+    assert err.value.url == Entry(url).url

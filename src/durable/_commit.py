@@ -30,7 +30,7 @@ from durable._protocol import (
     ObjectRecord,
     State,
     attempt_record_bytes,
-    check_key,
+    written_key,
 )
 from durable.adapters import ObjectInfo
 from durable.adapters.local import TMP_MARK
@@ -379,6 +379,13 @@ def _reconcile(entry: Entry, writer: EntryWriter, recorded: dict[str, ObjectReco
         entry.adapter.delete(leftovers)
         for k in [k for k, i in listing.items() if i.path in leftovers]:
             del listing[k]
+    # A store whose listings lag its writes (eventually consistent listings, a gateway
+    # caching them) leaves out an object just written, where a HEAD already finds it:
+    # refused as gone, every commit right after its writes failed on such a store.
+    for key in [k for k in recorded if k not in listing]:
+        info = entry.adapter.info(f"{entry.path}/{key}")
+        if info is not None:
+            listing[key] = info
     problems = []
     for key, rec in recorded.items():
         found = listing.get(key)
@@ -413,7 +420,7 @@ def _reconcile(entry: Entry, writer: EntryWriter, recorded: dict[str, ObjectReco
         raise IntegrityError(f"{entry.url}: not committing: "
                              + _unrecorded_problem(extra, disputed), url=entry.url)
     for k in extra:
-        check_key(k, entry.url)
+        written_key(k, entry.url)
     records = dict(recorded)
     records.update(recorded_elsewhere)
     records.update(checksum_all(entry.adapter, extra, WORKERS))
@@ -452,6 +459,11 @@ def _merge_fragments(entry: Entry, attempt: str, unrecorded: dict[str, ObjectInf
         if key in own or None in recs:
             continue
         found, url = listing.get(key), entry.adapter.url(f"{entry.path}/{key}")
+        if found is None:
+            # Left out by a listing that lags the worker's PUT (as for `own` objects).
+            found = entry.adapter.info(f"{entry.path}/{key}")
+            if found is not None:
+                listing[key] = unrecorded[key] = found
         if found is None:
             problems.append(f"{url}: written by a worker of this write but gone at commit "
                             "(another writer?)")

@@ -45,6 +45,7 @@ from durable._nesting import (
     refuse_leased,
     remove_records,
 )
+from durable._pool import bounded_map
 from durable._protocol import (
     MARKER_NAME,
     MAX_MARKER_BYTES,
@@ -55,9 +56,9 @@ from durable._protocol import (
     State,
     attempt_folders,
     carries_record,
-    check_key,
     is_attempt_record,
     new_attempt_id,
+    written_key,
 )
 from durable._reader import EntryReader
 from durable._reader import reading as _reading
@@ -329,6 +330,13 @@ class Entry:
                 # dir answers that look and names the writers that started here.
                 records = self.adapter.list(self.layout.records)
             self._refuse_marker_prefix(records)
+            if MARKER_NAME in records:
+                # A commit landed after the marker was read (a rewrite finishing, its
+                # attempt record already removed): not data written without durable,
+                # which the bare reason says, with advice to mark it complete as it is.
+                return Status(State.INCOMPLETE, "data present and no commit marker when "
+                              "read, but one since: a commit landed while the entry was "
+                              "being looked at; look again")
             return Status(State.INCOMPLETE, "data present but no commit marker"
                           + _started(records, own_attempt) + self._attempt_folders(records))
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
@@ -399,18 +407,31 @@ class Entry:
         except (OSError, DurableError):
             return ""  # only a hint: the state stands as it was found
         if found is None or found[1].kind != "prefix":
-            if st.reason == "data present but no commit marker":
-                # No durable writer ever started here (else the reason names it): data
-                # written before durable, which "INCOMPLETE" alone left users to rewrite.
-                # (Not `durable mark-complete URL`: that marks the entries found below a
-                # root, this path's own folders, not the path as one entry.)
-                return (f"; written without durable? Once you know it is whole, "
-                        f"durable.Entry({self.url!r}).mark_complete() commits it as it is")
-            return ""
+            if st.reason != "data present but no commit marker":
+                return ""
+            left = self._records_left()
+            if left:
+                # A failed update (an append that failed part-way): its metadata is held
+                # back among these records, and mark_complete would adopt the entry without it.
+                return (f"; a durable write that did not commit left records "
+                        f"({', '.join(left[:3])}): finish it with resume=True, or start "
+                        "over with overwrite=True")
+            # No durable writer ever started here (else the reason names it): data
+            # written before durable, which "INCOMPLETE" alone left users to rewrite.
+            # (Not `durable mark-complete URL`: that marks the entries found below a
+            # root, this path's own folders, not the path as one entry.)
+            return (f"; written without durable? Once you know it is whole, "
+                    f"durable.Entry({self.url!r}).mark_complete() commits it as it is")
         holder = found[0]
         key = self.path.rstrip("/")[len(holder.path.rstrip("/")) + 1:]
         return (f"; it lies inside the entry {holder.url}, which has a commit marker: open "
                 f"that entry and {key!r} inside it")
+
+    def _records_left(self) -> list[str]:
+        """The keys of the entry's records other than its marker (metadata a failed update
+        held back, fragments, a lease): a durable writer was here."""
+        keys = self.adapter.list(self.layout.records)
+        return sorted(k for k in keys if k != MARKER_NAME)
 
     # verifying ---------------------------------------------------------------------------
     def _listing(self, marker: Marker) -> dict[str, ObjectInfo]:
@@ -462,7 +483,8 @@ class Entry:
 
         if to_read:
             with ThreadPoolExecutor(max(1, workers)) as pool:
-                for item, problem in zip(to_read, pool.map(check, to_read), strict=True):
+                problems = bounded_map(pool, check, to_read, ahead=4 * max(1, workers))
+                for item, problem in zip(to_read, problems, strict=True):
                     report.bytes_checked += item[2].size
                     if problem is not None:
                         report.problems.append(problem)
@@ -491,6 +513,16 @@ class Entry:
             raise IncompleteExistsError(
                 f"{self.url}: a durable writer started here and has not committed; it may "
                 "still be at work (pass force=True if you know it is dead)", url=self.url)
+        left = self._records_left()
+        if not force and left:
+            # A failed update or resume (an xarray append that failed part-way) keeps the
+            # entry's metadata held back among its records: adopted, the entry read
+            # COMPLETE with no zarr.json, and its staged metadata was never published.
+            raise IncompleteExistsError(
+                f"{self.url}: has durable records but no marker ({', '.join(left[:3])}): a "
+                "durable write that did not commit left them; finish it with resume=True, "
+                "or start over with overwrite=True (force=True adopts the data as it is)",
+                url=self.url)
         if st.marker is not None:
             # A marker whose data is gone: it describes nothing; replace it.
             self.adapter.delete([self.layout.marker])
@@ -503,7 +535,7 @@ class Entry:
             listing = {k: v for k, v in self.adapter.list(self.path).items()
                        if TMP_MARK not in k.rpartition("/")[2]}
             for k in listing:
-                check_key(k, self.url)
+                written_key(k, self.url)
             # Listings skip links: the entry was adopted without them and read COMPLETE,
             # whole (`durable mark-complete ROOT` skips such folders; this is its Python
             # way in). One walk on a local disk; no request elsewhere.

@@ -111,6 +111,13 @@ class AlreadyCompleteError(EntryExistsError):
     """A COMPLETE entry already exists: another writer finished first, or nothing to do."""
 
 
+def rewrite_hint(exc: AlreadyCompleteError, how: str) -> AlreadyCompleteError:
+    """``exc`` saying ``how`` the caller changes the entry, where the generic "update=True
+    changes it" names an argument the caller's function does not take."""
+    said = str(exc).replace("overwrite=True replaces it, update=True changes it", how)
+    return AlreadyCompleteError(said, url=exc.url)
+
+
 class IncompleteExistsError(EntryExistsError):
     """An INCOMPLETE entry exists: a leftover of a killed writer, or a writer still at work."""
 

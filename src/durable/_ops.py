@@ -37,6 +37,7 @@ from durable._errors import (
 )
 from durable._lease import Lease, LeaseView, describe
 from durable._nesting import OPENED_FIRST, delete_tree
+from durable._pool import bounded_map
 from durable._protocol import (
     LEASE_NAME,
     MARKER_NAME,
@@ -228,8 +229,8 @@ def verify_root(sv: Survey, *, deep: bool, workers: int = _WORKERS,
 
     if to_read:
         with ThreadPoolExecutor(max(1, min(workers, len(to_read)))) as pool:
-            for n, (item, problem) in enumerate(zip(to_read, pool.map(check, to_read),
-                                                    strict=True), 1):
+            found = bounded_map(pool, check, to_read, ahead=4 * max(1, workers))
+            for n, (item, problem) in enumerate(zip(to_read, found, strict=True), 1):
                 item[0].bytes_checked += item[3].size
                 if problem is not None:
                     item[0].problems.append(problem)

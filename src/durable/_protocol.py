@@ -61,6 +61,7 @@ __all__ = [
     "is_attempt_record",
     "new_attempt_id",
     "record_fields",
+    "written_key",
 ]
 
 FORMAT = "durable.commit"
@@ -161,6 +162,19 @@ def check_key(key: object, where: str) -> str:
                 f"{where}: manifest key {key!r:.80} has a {part or 'empty'!r} segment; "
                 "keys must stay inside the entry", url=where)
     return key
+
+
+def written_key(key: str, url: str) -> str:
+    """``key`` (to be written, or adopted from a listing) if an entry can hold it; a
+    ValueError naming it otherwise. `check_key`'s MarkerError spoke of a "manifest key"
+    and of keeping inside the entry, as for a corrupt marker, to a caller who had only
+    written ``a//b``."""
+    try:
+        return check_key(key, url)
+    except MarkerError:
+        raise ValueError(f"{url}: {key!r:.200} is not a name an entry can hold: a relative "
+                         "path of non-empty segments, none '.' or '..', no backslash"
+                         ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +499,11 @@ class Layout:
 
     def __post_init__(self) -> None:
         parent, _, name = self.path.rstrip("/").rpartition("/")
-        if not name or name in (".", "..", RECORDS_DIR):
+        if name == RECORDS_DIR:
+            # "needs a name of its own" sent users looking for a missing name, not this one.
+            raise ValueError(f"{self.path!r} cannot be an entry: {RECORDS_DIR!r} is the name "
+                             "of durable's records directories; rename it")
+        if not name or name in (".", ".."):
             raise ValueError(f"{self.path!r} cannot be an entry: it needs a name of its own")
         if not parent:
             # A bucket or a file-system root has no parent to hold its records.

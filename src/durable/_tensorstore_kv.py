@@ -71,11 +71,15 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
                  ) -> dict[str, Any]:
     """The tensorstore kvstore spec (JSON) for an fsspec URL, with a trailing ``/``.
 
-    Honoured ``storage_options``: S3 ``endpoint_url`` (also in ``client_kwargs``),
+    Honoured ``storage_options``: S3 ``endpoint_url`` (also in ``client_kwargs``; else
+    $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL, as botocore and so s3fs take them),
     ``client_kwargs.region_name`` (else $AWS_REGION / $AWS_DEFAULT_REGION), ``anon``,
-    ``key``/``secret``/``token``, ``profile``; GCS ``endpoint_url`` and ``token`` ("anon"
-    or default credentials). tensorstore takes no inline AWS keys: keys that are not the
-    ones in the environment are written to a private (0600) credentials file, deleted at
+    ``key``/``secret``/``token`` (also as ``client_kwargs`` ``aws_access_key_id``,
+    ``aws_secret_access_key``, ``aws_session_token``), ``profile``; GCS ``endpoint_url``
+    and ``token`` ("anon" or default credentials). ``requester_pays=True`` is refused
+    (UnsupportedError): tensorstore sends no requester-pays header. tensorstore takes no
+    inline AWS keys: keys that are not the ones in the environment are written to a
+    private (0600) credentials file, deleted at
     exit, and named as a profile. Its GCS driver takes its endpoint from the process-wide
     $TENSORSTORE_GCS_HTTP_URL, which this sets (one GCS endpoint per process).
     """
@@ -89,14 +93,29 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
     if protocol in ("s3", "s3a"):
         client = dict(opts.get("client_kwargs") or {})
         spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": _slashed(key)}
-        endpoint = opts.get("endpoint_url") or client.get("endpoint_url")
+        endpoint = (opts.get("endpoint_url") or client.get("endpoint_url")
+                    or _configured_s3_endpoint())
         if endpoint:
             spec["endpoint"] = str(endpoint)
         region = (client.get("region_name") or os.environ.get("AWS_REGION")
                   or os.environ.get("AWS_DEFAULT_REGION"))
         if region:
             spec["aws_region"] = str(region)
-        spec["aws_credentials"] = _aws_credentials(opts)
+        if opts.get("requester_pays"):
+            # tensorstore (0.1.86) takes "requester_pays" in its spec but sends no
+            # x-amz-request-payer header: its requests would be refused by the bucket
+            # that durable's own (s3fs) requests reached, after the marker was read.
+            raise UnsupportedError(
+                f"{url}: tensorstore's s3 driver sends no x-amz-request-payer header, so "
+                "a requester-pays bucket refuses its requests (storage_options "
+                "requester_pays=True); read such a bucket with durable.zarr")
+        # s3fs hands client_kwargs to botocore, which takes keys there too: tensorstore
+        # signed with the default credentials, durable's own requests with these.
+        keys = {"key": client.get("aws_access_key_id"),
+                "secret": client.get("aws_secret_access_key"),
+                "token": client.get("aws_session_token")}
+        spec["aws_credentials"] = _aws_credentials(
+            {**opts, **{k: v for k, v in keys.items() if v is not None}})
         return spec
     if protocol in ("gs", "gcs"):
         token = opts.get("token")
@@ -109,6 +128,15 @@ def kvstore_spec(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
         return {"driver": "gcs", "bucket": bucket, "path": _slashed(key)}
     raise UnsupportedError(f"{url}: tensorstore has no kvstore driver for {protocol!r} URLs "
                            "(supported: file, memory, s3, gs)")
+
+
+def _configured_s3_endpoint() -> str | None:
+    """The endpoint botocore (so s3fs) takes from the environment, which tensorstore ignores:
+    without it the entry's records went to that endpoint and the chunks to AWS."""
+    env = os.environ
+    if env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None
+    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
 
 
 def _slashed(key: str) -> str:
@@ -434,7 +462,13 @@ def probe(place: Place, context: ts.Context, path: str | None = None) -> Probe:
     generation = b""
     try:
         if own:
-            kv.write(name, b"durable: can tensorstore revalidate here?").result()
+            try:
+                kv.write(name, b"durable: can tensorstore revalidate here?").result()
+            except ValueError as exc:
+                named = _refused(place, url, exc)
+                if named is None:
+                    raise
+                raise named from exc
         first = _first_byte(kv, name)
         if first.state != "value":
             return Probe(True)  # nothing to judge by: probe again at the next use
@@ -455,6 +489,24 @@ def probe(place: Place, context: ts.Context, path: str | None = None) -> Probe:
                 kv.write(name, None).result()
     with _PROBE_LOCK:
         return _PROBES.setdefault(key, found)
+
+
+def _refused(place: Place, url: str, exc: ValueError) -> OSError | None:
+    """The error naming the entry and the bucket of a store that refused the probe's PUT
+    (the writer's first request): tensorstore's own text named neither ("NOT_FOUND: Not
+    Found [http_response_code='404']" for a mistyped GCS bucket). None: not such a refusal
+    (an ETag problem is the probe's verdict, anything else stays tensorstore's)."""
+    text = str(exc)
+    status = text.split(":", 1)[0]
+    if status not in ("NOT_FOUND", "PERMISSION_DENIED"):
+        return None
+    said = text.split(" [", 1)[0]  # tensorstore's payload (the response body) follows
+    bucket = place.spec.get("bucket")
+    if status == "NOT_FOUND":
+        return FileNotFoundError(f"{place.entry.url}: no such bucket {bucket!r} (a PUT of "
+                                 f"{url} answered {said})")
+    return PermissionError(f"{place.entry.url}: writing into bucket {bucket!r} is not "
+                           f"allowed with these credentials (a PUT of {url} answered {said})")
 
 
 def _first_byte(kv: ts.KvStore, name: str, **condition: Any) -> Any:

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -34,6 +35,7 @@ from durable._tensorstore_kv import (
     MAX_METADATA,
     Place,
     etag_error,
+    forget_endpoint,
     probe,
 )
 from durable.adapters.base import ObjectInfo
@@ -187,8 +189,23 @@ def _metadata(place: Place, marker: Marker, key: str,
     url = entry.adapter.url(where)
     rec = marker.manifest.objects.get(key)
     if rec is None:
+        # The array of the other zarr version, there: a zarr v2 array (durable's write
+        # with spec={"driver": "zarr"}, zarr-python's default before 3) opened as zarr3.
+        prefix = key[:-len(key.rpartition("/")[2])]
+        other = next(((doc, driver) for driver, doc in _METADATA.items()
+                      if prefix + doc in marker.manifest.objects), None)
+        hint = "" if other is None else (
+            f"; a zarr v{2 if other[1] == 'zarr' else 3} array is there ({other[0]}); pass "
+            f"spec={{'driver': {other[1]!r}}}")
+        if other is None:
+            # A mistyped path= (or none given for a checkpoint of many arrays): the arrays
+            # the commit holds, named as path= takes them.
+            arrays = sorted(k.rpartition("/")[0] or "''" for k in marker.manifest.objects
+                            if k.rpartition("/")[2] in _METADATA.values())
+            hint = "; its arrays (path=): " + (", ".join(arrays[:20]) or "none") + (
+                f" and {len(arrays) - 20} more" if len(arrays) > 20 else "")
         raise ValueError(f"NOT_FOUND: {url}: commit {marker.attempt} of {entry.url} has no "
-                         "array there")
+                         f"array there{hint}")
     data = fetched.result() if fetched is not None else place.read(where, MAX_METADATA)
     found = None if data is None else (len(data), crc32c(data))
     if found != (rec.size, rec.crc32c) and fetched is not None:
@@ -381,8 +398,33 @@ def read(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None 
     checked here while tensorstore reads the chunks, not before. Nothing is returned
     unless every check passed. Arguments as for `open`.
     """
-    return _open(url, storage_options, context, path, deep, spec, on_unusable_etags,
-                 kwargs, index)
+    args = (url, storage_options, context, path, deep, spec, on_unusable_etags)
+    try:
+        return _open(*args, dict(kwargs), index)
+    except ValueError as exc:
+        if MALFORMED not in str(exc):
+            raise
+        place = Place.of(url, storage_options)
+        found = _probe_failed(place, context, str(exc))
+        if found is None or found.usable:
+            raise
+        if on_unusable_etags == "error" or not found.readable:
+            raise etag_error(place, found, "its cache cannot be revalidated") from exc
+    # The endpoint is now known for what it is: read again, with a cache of its own.
+    return _open(*args, kwargs, index)
+
+
+def _probe_failed(place: Place, context: ts.Context | None, message: str) -> Any:
+    """The probe's verdict on the object a read failed on with 'Malformed
+    StorageGeneration' (tensorstore's 'Error reading "KEY"'), replacing the endpoint's:
+    the probe judged it by the marker, whose ETag a gateway may leave alone while it
+    mangles the chunks'. None if the message names no object."""
+    named = re.search(r'Error reading "([^"]+)"', message)
+    if named is None or place.endpoint is None:
+        return None
+    forget_endpoint(place.endpoint)
+    where = f"{place.spec['bucket']}/{named.group(1)}"
+    return probe(place, context if context is not None else ts.Context(), where)
 
 
 #: `_open`'s ``index`` for a handle (`open`), not values (`read`).

@@ -18,7 +18,7 @@ import tensorstore as ts
 
 from durable._checksum import crc32c
 from durable._entry import Entry
-from durable._errors import IntegrityError
+from durable._errors import AlreadyCompleteError, IntegrityError, rewrite_hint
 from durable._lease import Lease
 from durable._protocol import ObjectRecord
 from durable._tensorstore_codecs import (
@@ -427,8 +427,12 @@ def writing(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | No
     the marker before anything changes, so no reader opens the entry mid-rewrite. At the
     end of the block, every write passed to `TensorStoreWriter.track`/``write`` and every
     transaction passed to `TensorStoreWriter.open` must succeed, then the marker is
-    written; writes started with ``array.write()`` and neither tracked nor waited for may
-    land after the commit, and the entry then fails verification. Any exception (a
+    written. A write started with ``array.write()`` and neither tracked nor waited for (or
+    made in a transaction not passed to `TensorStoreWriter.open` and not committed) is not
+    waited for: what of it has not landed when the manifest is built is not in the commit.
+    If it lands later, the entry fails `open` and verification; if it never lands (the
+    process exits first), the entry is COMPLETE, verifies, and reads fill values there,
+    which nothing can tell from data. Any exception (a
     failed write, KeyboardInterrupt) leaves no marker; the cleanup that follows it runs
     only once every tracked write has landed or failed and every open transaction passed
     to `TensorStoreWriter.open` is aborted.
@@ -497,6 +501,19 @@ def write(url: str | os.PathLike[str], data: Any, *, chunks: Iterable[int] | Non
     # position, so a chunk missing later reads as an error, never as fill values
     # (incident 001), and on a network the chunks' keys are known without a listing.
     kwargs["spec"] = {"store_data_equal_to_fill_value": True, **(kwargs.get("spec") or {})}
+    try:
+        return _write(url, values, storage_options, context, overwrite, checksum_codec,
+                      lease, kwargs)
+    except AlreadyCompleteError as exc:
+        # write() takes no update=True: the way to change the array in place is named.
+        raise rewrite_hint(exc, "write(..., overwrite=True) replaces it, "
+                                "durable.tensorstore.writing(url, update=True) changes it"
+                           ) from None
+
+
+def _write(url: str | os.PathLike[str], values: Any,
+           storage_options: dict[str, Any] | None, context: Any, overwrite: bool,
+           checksum_codec: bool, lease: Lease | None, kwargs: dict[str, Any]) -> Entry:
     with writing(url, storage_options=storage_options, context=context,
                  overwrite=overwrite, lease=lease) as w:
         remote = w._place.endpoint is not None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from durable._checks import LinkedRecords
 from durable._errors import IntegrityError
-from durable._protocol import ObjectRecord, check_key
+from durable._protocol import RECORDS_DIR, ObjectRecord, written_key
 from durable.adapters import AtomicFile, ObjectInfo
 from durable.adapters.local import TMP_MARK
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from durable._lease import Lease
 
 __all__ = ["EntryWriter"]
+
 
 
 class EntryWriter:
@@ -70,23 +71,33 @@ class EntryWriter:
         prefix = self.path + "/"
         if not path.startswith(prefix):
             raise ValueError(f"{path!r} is outside the entry {self.url}")
-        return check_key(path[len(prefix):], self.url)
+        return written_key(path[len(prefix):], self.url)
 
-    def open(self, key: str, *, create_only: bool = False) -> AtomicFile:
-        """An atomic file for ``key`` (relative to the entry), recorded when committed."""
+    def open(self, key: str, *, create_only: bool = False,
+             records: bool = False) -> AtomicFile:
+        """An atomic file for ``key`` (relative to the entry), recorded when committed.
+
+        ``records``: the key may lie in a records folder (a copy of a committed entry
+        carries the records of the entries nested in it); other writes may not."""
         if self._closed:
             raise ValueError(f"{self.url}: the writing() block has ended")
         if self._lease is not None:
             # A writer that lost its lease stops writing: its objects would land in the
             # entry of the writer that took the lease over.
             self._lease.check()
-        check_key(key, self.url)
+        written_key(key, self.url)
         if TMP_MARK in key.rpartition("/")[2]:
             # The commit removes such names as a killed writer's temp files, and then
             # refused this write for an object "gone at commit".
             raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a name "
                              f"with {TMP_MARK!r} is one of durable's temp files, which the "
                              "commit removes as a killed writer's leftovers; rename it")
+        if not records and RECORDS_DIR in key.split("/"):
+            # Committed, it could not be read back: a verified read looks no record up
+            # under a folder of that name, which holds durable's own (as `durable::` says).
+            raise ValueError(f"{self.entry.adapter.url(f'{self.path}/{key}')}: a "
+                             f"{RECORDS_DIR!r} folder holds durable's records, not data; "
+                             "rename it")
         if self.entry.adapter.through_link(self.path, key):
             # The entry's folder swapped for a symlink since the start (which refused one),
             # or a directory of the entry that is one (left there before a resume), would
@@ -171,7 +182,7 @@ class EntryWriter:
         see an object replaced by someone else after this writer wrote it. ``tail``: its
         last 4 bytes where its CRC32C is the residue (`ObjectRecord`), when known.
         """
-        check_key(key, self.url)
+        written_key(key, self.url)
         with self._lock:
             self._records[key] = ObjectRecord(size, crc32c, tail)
             if version is None:

@@ -46,7 +46,7 @@ class Staged:
     """
 
     __slots__ = ("complete", "deferred", "docs", "hidden", "lock", "published", "touched",
-                 "wrote_data")
+                 "unhidden", "wrote_data")
 
     def __init__(self, complete: bool, *, deferred: bool = False) -> None:
         self.docs: dict[str, tuple[bytes, str | None]] = {}
@@ -55,6 +55,9 @@ class Staged:
         self.touched = False
         self.published: set[str] = set()  # put create-only into the entry by this write
         self.hidden: dict[str, bytes] = {}
+        # Hidden documents an earlier publish of this write put back into the entry: no
+        # longer due in staging (a second publish, the commit's, finds them gone there).
+        self.unhidden: set[str] = set()
         self.wrote_data = False
         # A pickling thread flushing the held documents must not miss one zarr's event
         # loop holds meanwhile (it would be in no process's staging).

@@ -599,7 +599,8 @@ class WritingStore(WrapperStore[Store]):
         else:
             docs = dict(zip(keys, await asyncio.gather(*(staged(k) for k in keys)),
                             strict=True))
-            lost = sorted(k for k in self._staged.hidden if docs.get(k) is None)
+            lost = sorted(k for k in self._staged.hidden
+                          if docs.get(k) is None and k not in self._staged.unhidden)
             if lost:
                 # Removed by someone else (a tool clearing `.durable`, an older version's
                 # housekeeping): committed without it, the node is gone for every reader.
@@ -640,6 +641,7 @@ class WritingStore(WrapperStore[Store]):
                 self._staged.published.add(key)
             else:
                 await put(self._store, key, data)
+                self._staged.unhidden.add(key)
             self._recorder.record(key, rec.size, rec.crc32c, tail=rec.tail)
             published[key] = ObjectInfo(f"{entry.path}/{key}", rec.size)
 

@@ -368,6 +368,11 @@ def _fail(exc: Exception) -> NoReturn:
 
 
 # output ---------------------------------------------------------------------------------
+def _entries(n: int) -> str:
+    """ "1 entry", "2 entries": the summaries read "1 entries under ..." otherwise."""
+    return f"{n} entry" if n == 1 else f"{n} entries"
+
+
 def _console() -> Console:
     # Piped output is never wrapped: a URL cut in two lines is useless to grep or cut.
     tty = sys.stdout.isatty()
@@ -713,8 +718,9 @@ def _verify_root(ctx: click.Context, sv: Survey, records: dict[str, Records], de
                                   _text(_show(p.expected)), _text(_show(p.found)))
             console.print(table)
         checked = "sizes and CRC32C" if deep else "sizes"
-        summary = (f"{doc['entries']} entries under {doc['root']} verified ({checked}): "
-                   f"{doc['failed']} with mismatches, {doc['entries'] - doc['failed']} OK")
+        summary = (f"{_entries(doc['entries'])} under {doc['root']} verified ({checked}): "
+                   f"{doc['entries'] - doc['failed']} matching, {doc['failed']} with "
+                   "mismatches")
         if report.not_verified:
             summary += (f"; {len(report.not_verified)} without a marker "
                         f"({report.not_verified_objects} objects), not verified")
@@ -774,7 +780,7 @@ def scan_cmd(ctx: click.Context, root: str, as_json: bool, fail_on_incomplete: b
                               _text(r.reason))
             console.print(table)
         summary = ", ".join(f"{n} {s}" for s, n in doc["counts"].items() if n)
-        console.print(_text(f"{len(rows)} entries under {root}" +
+        console.print(_text(f"{_entries(len(rows))} under {root}" +
                            (f": {summary}" if summary else "")))
         temps = doc["temp_files"]
         if temps["count"]:
@@ -874,13 +880,15 @@ def mark_complete_cmd(ctx: click.Context, root: str, do_apply: bool, as_json: bo
             console.print(table)
         c = doc["counts"]
         if do_apply:
-            line = (f"{c['adopted']} entries marked COMPLETE, {c['skipped']} skipped, "
+            line = (f"{_entries(c['adopted'])} marked COMPLETE, {c['skipped']} skipped, "
                     f"{c['failed']} failed")
         else:
-            line = (f"dry run: {c['planned']} entries would be marked COMPLETE "
+            line = (f"dry run: {_entries(c['planned'])} would be marked COMPLETE "
                     "(--apply to write)")
-        console.print(_text(f"{line}; {len(report.skipped)} unmarked entries skipped; "
-                           f"{report.marked} entries already have a marker"))
+        had = "already has" if report.marked == 1 else "already have"
+        unmarked = _entries(len(report.skipped)).replace(" ", " unmarked ", 1)
+        console.print(_text(f"{line}; {unmarked} skipped; "
+                           f"{_entries(report.marked)} {had} a marker"))
     ctx.exit(EXIT_PARTIAL if doc["counts"]["failed"] else EXIT_OK)
 
 

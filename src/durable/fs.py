@@ -455,7 +455,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
                 # same size has its size and CRC32C (the residue), and was copied as good.
                 with open_verified_path(self.adapter, source.layout.object_path(
                         key, "prefix"), rec.size, rec.crc32c, tail=rec.tail) as src, \
-                        w.open(key) as out:
+                        w.open(key, records=True) as out:
                     while block := src.read(_COPY_BLOCK):
                         out.write(block)
 

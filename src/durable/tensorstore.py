@@ -56,6 +56,10 @@ read back once at commit.
 call here), not fsspec's memory filesystem, which tensorstore cannot reach; use
 `entry_for` for the `Entry` of such a URL.
 """
+from durable._extras import require
+
+require("durable.tensorstore", "tensorstore", "tensorstore", "numpy")
+
 from durable._tensorstore_kv import UnusableETagError, entry_for, kvstore_spec
 from durable._tensorstore_reading import open, read
 from durable._tensorstore_writing import TensorStoreWriter, write, writing

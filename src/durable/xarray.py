@@ -19,6 +19,10 @@ import json
 import warnings
 from typing import Any, Literal
 
+from durable._extras import require
+
+require("durable.xarray", "xarray", "xarray", "zarr")
+
 import xarray as xr
 import zarr
 

@@ -35,9 +35,14 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from durable._extras import require
+
+require("durable.zarr", "zarr", "zarr", "numpy")
+
 import zarr
 
 from durable._entry import Entry
+from durable._errors import AlreadyCompleteError, rewrite_hint
 from durable._lease import Lease
 from durable._zarr_reading import VerifyingStore
 from durable._zarr_writing import WritingStore, coordinating, flush_fragments
@@ -184,11 +189,16 @@ def write(url: str, data: Any, *, chunks: tuple[int, ...] | Literal["auto"] = "a
             compressors = (compressors,)
         create_kwargs["compressors"] = (*compressors, Crc32cCodec())
     entry = Entry(url, storage_options=storage_options)
-    with _writing(url, storage_options=storage_options, overwrite=overwrite, resume=False,
-                  update=False, unrecorded="adopt", stage="on_handoff",
-                  sole_writer=True, lease=lease) as store:
-        zarr.create_array(store, data=data, chunks=chunks, zarr_format=zarr_format,
-                          **create_kwargs)
+    try:
+        with _writing(url, storage_options=storage_options, overwrite=overwrite,
+                      resume=False, update=False, unrecorded="adopt", stage="on_handoff",
+                      sole_writer=True, lease=lease) as store:
+            zarr.create_array(store, data=data, chunks=chunks, zarr_format=zarr_format,
+                              **create_kwargs)
+    except AlreadyCompleteError as exc:
+        # write() takes no update=True: the way to change the array in place is named.
+        raise rewrite_hint(exc, "write(..., overwrite=True) replaces it, "
+                                "durable.zarr.writing(url, update=True) changes it") from None
     return entry
 
 

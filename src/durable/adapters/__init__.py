@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any
 
+from durable._extras import PROTOCOL_EXTRAS, missing
 from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
 
 __all__ = [
@@ -90,9 +91,17 @@ def resolve(url: str | os.PathLike[str],
     text = os.fspath(url)
     if not text:
         raise ValueError("an empty URL names no object (it would be the current directory)")
-    fs, path = url_to_fs(text, **(storage_options or {}))
     # The scheme of the innermost URL of a chain ("simplecache::az://c/k"): the user's own.
     scheme, sep, _ = text.rpartition("::")[2].partition("://")
+    try:
+        fs, path = url_to_fs(text, **(storage_options or {}))
+    except ImportError as exc:
+        # fsspec says "Install s3fs to access S3": the extra also brings what the adapter
+        # needs besides the filesystem, at versions it was tested with.
+        known = PROTOCOL_EXTRAS.get(scheme.lower()) if sep else None
+        if known is None:
+            raise
+        raise missing(repr(text), *known) from exc
     adapter = adapter_for_fs(fs, scheme if sep else None)
     if "://" in text:
         refuse_ambiguous(adapter, path, text)

@@ -75,6 +75,23 @@ class _SizedReader(io.RawIOBase):
     def _moved(self) -> None:
         """The position jumped: anything read ahead from the old one is stale."""
 
+    def readall(self) -> bytes:
+        """The rest of the object, read in blocks of READ_AHEAD into one buffer of its size.
+
+        `io.RawIOBase.readall` reads 8 KiB at a time into a growing bytearray: on S3 each is
+        a hop to the client's event loop (a 300 MB `read_verified` from moto took 9.3 s,
+        where 8 MiB reads of `open_verified` take 0.8 s). A short body still raises in
+        `readinto`, so nothing short is returned."""
+        out = bytearray(max(0, self.size - self._pos))
+        with memoryview(out) as view:
+            done = 0
+            while done < len(out):
+                n = self.readinto(view[done:done + READ_AHEAD])
+                if not n:
+                    break  # past the end: the object is what `readinto` handed out
+                done += n
+        return bytes(out[:done]) if done < len(out) else bytes(out)
+
 
 class PinnedRangeReader(_SizedReader):
     """Read ``size`` bytes of ``url`` through ``fetch(start, length) -> bytes``."""
@@ -174,7 +191,9 @@ class PinnedStreamReader(_SizedReader):
             if self._body is None:
                 self._body, self._left = self._open_body(self._pos), self.size - self._pos
             try:
-                chunk, why = self._body.read(min(want, self._left)), "end of body"
+                # At most READ_AHEAD: a body asked for all it has answers with one
+                # chunk that size, copied into the buffer: the object held twice.
+                chunk, why = self._body.read(min(want, self._left, READ_AHEAD)), "end of body"
             except BrokenBody as exc:
                 chunk, why = b"", str(exc)
                 self._stalls += exc.stalled

@@ -18,8 +18,8 @@ from durable._errors import IntegrityError
 from durable.adapters._ranged import BrokenBody
 from durable.adapters.base import ObjectInfo, caused_by, strong_etag
 
-__all__ = ["BODY_BROKEN", "MULTIPART_ETAG", "S3Body", "check_response", "error_fields", "etag",
-           "failure", "mark_200_errors"]
+__all__ = ["BODY_BROKEN", "MULTIPART_ETAG", "S3Body", "check_response", "content_size",
+           "error_fields", "etag", "failure", "mark_200_errors"]
 
 # A body that stops mid-way surfaces as one of these, depending on where the socket died.
 BODY_BROKEN = (aiohttp.ClientError, IncompleteReadError, ResponseStreamingError,
@@ -32,6 +32,20 @@ def etag(raw: object, url: str) -> str:
     """The ETag as a quoted strong tag, or IntegrityError if it cannot pin a read
     (`durable.adapters.base.strong_etag`, shared with the Azure adapter)."""
     return strong_etag(raw, url)
+
+
+def content_size(resp: dict[str, Any], url: str, what: str) -> int:
+    """The object's size from the Content-Length of a HEAD or whole GET, or IntegrityError
+    naming the object: an answer without one (a gateway that streams it chunked) has no
+    size to check a read or a manifest against, and was a KeyError from deep inside."""
+    length = resp.get("ContentLength")
+    if not isinstance(length, int) or length < 0:
+        raise IntegrityError(f"{url}: {what} answered without a Content-Length (got "
+                             f"{length!r}): the object's size is unknown, so nothing read "
+                             "of it can be checked; the store or a proxy in front of it "
+                             "leaves the header off", url=url, expected="Content-Length",
+                             found=length)
+    return length
 
 
 def _error_response(exc: BaseException) -> dict[str, Any] | None:

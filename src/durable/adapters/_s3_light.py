@@ -75,6 +75,13 @@ _ENV_ALIKE = frozenset({
 # marker that s3fs rode out. Still bounded: 60 s from the first try.
 _RETRIES: RetryConfig = {"max_retries": 24, "retry_timeout": datetime.timedelta(seconds=60)}
 _LOCK = threading.Lock()
+# object_store follows NextContinuationToken and stops at the first page without one,
+# IsTruncated or not: from a store that pages without tokens (ListObjectsV2 answered as
+# ListObjects, by Marker) it returned the first page as the whole listing, silently. A
+# listing of a full page or more (S3 pages hold 1000 keys) may be such a cut one: asked
+# again through s3fs, which reads IsTruncated. durable's records directories hold far
+# fewer, so this costs nothing in the common case.
+_PAGE = 1000
 
 
 def light_store(adapter: S3Adapter, bucket: str) -> Any:
@@ -192,8 +199,8 @@ def list_below(store: Any, adapter: S3Adapter, bucket: str, start: str,
     """Every object whose key starts with ``start`` (ending in ``/``), keyed by the rest
     of its key, as `S3Adapter.list` gives them; None where obstore may not have named
     every key exactly (use s3fs, which lists again): a key object_store refuses, one that
-    comes back outside ``start`` or twice, or an empty object (a folder ``d/`` and an
-    empty ``d`` look the same once its ``/`` is dropped)."""
+    comes back outside ``start`` or twice, an empty object (a folder ``d/`` and an
+    empty ``d`` look the same once its ``/`` is dropped), or a page's worth (`_PAGE`)."""
     import obstore
 
     out: dict[str, ObjectInfo] = {}
@@ -209,7 +216,7 @@ def list_below(store: Any, adapter: S3Adapter, bucket: str, start: str,
                                       meta["last_modified"].timestamp())
     except Exception:
         return None  # s3fs asks again and says what went wrong, as it always has
-    return out
+    return out if len(out) < _PAGE else None
 
 
 def get_small(store: Any, adapter: S3Adapter, bucket: str, key: str, limit: int,

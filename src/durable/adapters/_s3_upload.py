@@ -24,7 +24,8 @@ from durable.adapters.base import AtomicFile, ObjectInfo
 if TYPE_CHECKING:
     from durable.adapters.s3 import S3Adapter
 
-__all__ = ["MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE", "S3AtomicFile", "WrittenChecksum"]
+__all__ = ["FULL_OBJECT", "MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE",
+           "MULTIPART_IF_NONE_MATCH", "S3AtomicFile", "WrittenChecksum"]
 
 log = logging.getLogger("durable.adapters.s3")
 
@@ -32,6 +33,10 @@ MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PART_SIZE = 5 * 1024 * MiB
 MAX_PARTS = 10_000
+#: How `S3Adapter.refusal` names the multipart checksum type FULL_OBJECT.
+FULL_OBJECT = "x-amz-checksum-type: FULL_OBJECT"
+#: How `S3Adapter.refusal` names If-None-Match on CompleteMultipartUpload.
+MULTIPART_IF_NONE_MATCH = "If-None-Match on CompleteMultipartUpload"
 
 
 class WrittenChecksum(Checksum):
@@ -50,7 +55,7 @@ class WrittenChecksum(Checksum):
 
 class S3AtomicFile(AtomicFile):
     def __init__(self, adapter: S3Adapter, path: str, *, create_only: bool,
-                 head_check: bool) -> None:
+                 head_check: bool, if_none_match: bool = True) -> None:
         bucket, key = adapter._split(path)  # a path it refuses: before anything to abort
         super().__init__(path)
         self.checksum: WrittenChecksum = WrittenChecksum()
@@ -59,6 +64,8 @@ class S3AtomicFile(AtomicFile):
         self._bucket, self._key = bucket, key
         self._create_only = create_only
         self._head_check = create_only and head_check
+        # Off where the endpoint refuses the header (HTTP 501): it would fail the write.
+        self._if_none_match = if_none_match
         # Names this write in the object's metadata: a create-only request refused (412)
         # by an object carrying it was refused by this very write, landed by an earlier
         # attempt whose answer was lost (see `_landed`).
@@ -68,6 +75,7 @@ class S3AtomicFile(AtomicFile):
         self._upload_id: str | None = None
         self._inflight: list[tuple[int, int, concurrent.futures.Future[Any]]] = []
         self._parts: list[dict[str, Any]] = []
+        self._full = False  # this upload's checksum type is FULL_OBJECT (`_create`)
 
     def _part_size(self) -> int:
         grow = len(self.checksum.part_ends) // 1000
@@ -85,21 +93,26 @@ class S3AtomicFile(AtomicFile):
             return {}
         if self._head_check and self._a.info(self.path) is not None:
             raise FileExistsError(f"{self._url} already exists (create-only write)")
-        return {"IfNoneMatch": "*"}
+        return {"IfNoneMatch": "*"} if self._if_none_match else {}
+
+    def _complete_conditions(self) -> dict[str, Any]:
+        """`_conditions` for CompleteMultipartUpload. On an endpoint that enforces
+        If-None-Match on PutObject only, the HEAD check (declared, racy) before it too:
+        without it, a create-only upload replaced an object another writer put meanwhile."""
+        if not self._create_only:
+            return {}
+        if (not self._head_check and not self._a.create_only_multipart_enforced(self.path)
+                and self._a.info(self.path) is not None):
+            raise FileExistsError(f"{self._url} already exists (create-only write)")
+        conditions = self._conditions()
+        return {} if self._a.refusal(MULTIPART_IF_NONE_MATCH) else conditions
 
     def _send_part(self, size: int) -> None:
         with memoryview(self._buf) as view:
             data = view[:size].tobytes()
         del self._buf[:size]
         if self._upload_id is None:
-            full = self._a.full_object_checksum
-            extra: dict[str, Any] = {"ChecksumType": "FULL_OBJECT"} if full else {}
-            if self._token is not None:
-                extra["Metadata"] = self._token
-            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
-                                 Bucket=self._bucket, Key=self._key, ChecksumAlgorithm="CRC32C",
-                                 **extra)
-            self._upload_id = str(resp["UploadId"])
+            self._upload_id = self._create()
         number = len(self.checksum.part_ends) + 1
         if number > MAX_PARTS:
             raise ValueError(f"{self._url}: over {MAX_PARTS} parts; raise part_size")
@@ -115,11 +128,42 @@ class S3AtomicFile(AtomicFile):
         self._inflight.append((number, crc, asyncio.run_coroutine_threadsafe(coro,
                                                                             self._a.fs.loop)))
 
+    def _create(self) -> str:
+        """CreateMultipartUpload; its UploadId. FULL_OBJECT (a checksum type S3 added in
+        2024) where the endpoint has not refused it: one that refuses it as not
+        implemented is asked again without it, and never sent it again (`_full`)."""
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key,
+                                  "ChecksumAlgorithm": "CRC32C"}
+        if self._token is not None:
+            kwargs["Metadata"] = self._token
+        self._full = self._a.full_object_checksum and self._a.refusal(FULL_OBJECT) is None
+        full: dict[str, Any] = {"ChecksumType": "FULL_OBJECT"} if self._full else {}
+        try:
+            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
+                                 **kwargs, **full)
+        except OSError as exc:
+            # Refused, every object over part_size failed to write on such a store. (No
+            # bytes go with this request: a 400 here is never a checksum mismatch.)
+            said = self._a.refused(exc, FULL_OBJECT, note=False) if self._full else None
+            if said is None:
+                raise
+            self._full = False
+            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
+                                 **kwargs)
+            self._a.note_refusal(FULL_OBJECT, said)  # refused for FULL_OBJECT alone
+        return str(resp["UploadId"])
+
     def _collect(self, number: int, crc: int, future: concurrent.futures.Future[Any]) -> None:
         try:
             resp = future.result()
         except Exception as exc:
             raise failure(exc, self._url, f"UploadPart {number}") from exc
+        if not resp.get("ETag"):
+            # Nothing to name the part by in the Complete: a KeyError from deep inside.
+            raise IntegrityError(f"{self._url}: UploadPart {number} answered without an ETag "
+                                 f"({resp.get('ETag')!r}): the part cannot be named to "
+                                 "complete the upload", url=self._url, expected="an ETag",
+                                 found=resp.get("ETag"))
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"],
                             "ChecksumCRC32C": crc_to_b64(crc)})
 
@@ -168,7 +212,7 @@ class S3AtomicFile(AtomicFile):
             self._collect(*self._inflight.pop(0))
         parts = sorted(self._parts, key=lambda p: int(p["PartNumber"]))
         extra: dict[str, Any] = {}
-        if self._a.full_object_checksum:
+        if self._full:
             extra = {"ChecksumType": "FULL_OBJECT", "MpuObjectSize": self.checksum.size,
                      "ChecksumCRC32C": crc_to_b64(self.checksum.crc)}
         try:
@@ -176,7 +220,7 @@ class S3AtomicFile(AtomicFile):
                                  "CompleteMultipartUpload", create_only=self._create_only,
                                  Bucket=self._bucket, Key=self._key,
                                  UploadId=self._upload_id, MultipartUpload={"Parts": parts},
-                                 **extra, **self._conditions())
+                                 **extra, **self._complete_conditions())
         except (FileExistsError, FileNotFoundError) as exc:
             # A retried Complete whose first attempt landed: 412, or NoSuchUpload.
             resp = self._landed(exc)

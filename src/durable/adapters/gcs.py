@@ -324,6 +324,12 @@ class GCSAdapter(Adapter):
                               f"transit?): {exc}", url=url, expected=crc_to_hex(crc),
                               found=str(exc))
 
+    def _no_bucket(self, path: str) -> FileNotFoundError:
+        """The 404 of an upload, which only a missing bucket answers; gcsfs's own error
+        named the upload API ("http://HOST/upload/storage/v1/b/NAME/o"), not the object."""
+        return FileNotFoundError(f"{self.url(path)}: no such bucket "
+                                 f"{self._split(path)[0]!r} (the upload answered 404)")
+
     def _exists_error(self, path: str) -> FileExistsError:
         return FileExistsError(f"{self.url(path)} exists: create-only write refused by "
                                "the store (ifGenerationMatch=0)")
@@ -368,6 +374,8 @@ class GCSAdapter(Adapter):
                 **params)
         except FileExistsError:
             raise self._exists_error(f"{bucket}/{key}") from None
+        except FileNotFoundError:
+            raise self._no_bucket(f"{bucket}/{key}") from None  # gcsfs named the API only
         location = reply.get("Location")
         if not location:
             raise OSError(f"gs://{bucket}/{key}: resumable upload started without a session "
@@ -405,6 +413,10 @@ class GCSAdapter(Adapter):
                 "POST", self._upload_url, bucket, uploadType="multipart", json_out=True,
                 headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
                 data=_body(body), **params)
+        except FileNotFoundError:
+            if generation is not None:
+                raise  # replace_if: the object is gone, which its caller says
+            raise self._no_bucket(path) from None  # gcsfs named only the upload API
         except FileExistsError:
             if generation is not None:
                 raise  # replace_if: another generation (a lost answer counts as lost)

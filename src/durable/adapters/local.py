@@ -59,6 +59,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from durable._errors import IntegrityError
+from durable._pool import bounded_map
 from durable.adapters.base import (
     Adapter,
     AtomicFile,
@@ -76,6 +77,7 @@ TMP_MARK = ".durable-tmp-"
 #: rename and the unlink is debris of a removal, never a sign of a writer at work: status
 #: and scan pass over it, and a clean (or an entry starting over) removes it.
 DEL_MARK = f"{TMP_MARK}del-"
+_NAME_MAX = 255  # bytes in one file name: ext4, xfs, btrfs, tmpfs, zfs
 # fsync releases the GIL: a small pool overlaps the disk's flushes at commit.
 _SYNC_WORKERS = 8
 # CRC32C is computed in the writing thread, before each write(2): ~55 ms per GiB here. A
@@ -368,6 +370,16 @@ def _lock_problem(path: str) -> str | None:
     return None
 
 
+def _aside_name(name: str, mark: str) -> str:
+    """``.NAME<mark><12 hex>``, a temp (or removal) name beside ``name``, kept within
+    NAME_MAX: a name of 255 bytes (valid on ext4, xfs, btrfs) made its temp's name too long
+    to create, and the object could not be written at all. What is recognised is the
+    leading dot and the mark, never the name, so cutting the name is safe."""
+    tag = f"{mark}{uuid.uuid4().hex[:12]}"
+    head = os.fsencode(name)[:_NAME_MAX - 1 - len(tag)]
+    return f".{head.decode('utf-8', 'ignore')}{tag}"
+
+
 class _LocalAtomicFile(AtomicFile):
     def __init__(self, path: str, *, create_only: bool, durable: bool) -> None:
         super().__init__(path)
@@ -383,8 +395,9 @@ class _LocalAtomicFile(AtomicFile):
         self._dir = directory
         # Same directory as the target: rename(2) is atomic only within one file system,
         # and a temp in /tmp (fsspec's LocalFileSystem does that) may be another one.
-        self._tmp = os.path.join(directory, f".{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        tmp = os.path.join(directory, _aside_name(name, TMP_MARK))
+        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._tmp = tmp  # only once created: an abort never unlinks a name it never made
         self._written = 0
         self._started = 0  # bytes whose writeback is already started
         self._prepared = False  # bytes fsynced by `prepare`, none written since
@@ -495,8 +508,10 @@ class LocalAdapter(Adapter):
         # before this returns, which is all the marker after it needs. One batch, not two
         # one after the other: the file system commits concurrent fsyncs together.
         pool = _fsync_pool()
-        list(pool.map(_fsync_any, [*((p, False) for p in paths),
-                                   *((d, True) for d in all_dirs)]))
+        for _ in bounded_map(pool, _fsync_any, [*((p, False) for p in paths),
+                                                *((d, True) for d in all_dirs)],
+                             ahead=4 * _SYNC_WORKERS):
+            pass
 
     def sync_soon(self, paths: Iterable[str]) -> list[Future[None]]:
         # The same pool as `sync`'s: the disk flushes one object while the writer (or
@@ -609,7 +624,7 @@ class LocalAdapter(Adapter):
             # holder's lease) would be unlinked in its stead, a commit lost. So what is
             # there is renamed aside (atomic) and judged again, by its own inode.
             directory, name = os.path.split(path)
-            aside = os.path.join(directory, f".{name}{DEL_MARK}{uuid.uuid4().hex[:12]}")
+            aside = os.path.join(directory, _aside_name(name, DEL_MARK))
             try:
                 os.rename(path, aside)
             except FileNotFoundError:

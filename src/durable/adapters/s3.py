@@ -57,6 +57,7 @@ from durable.adapters._s3_http import (
     MULTIPART_ETAG,
     S3Body,
     check_response,
+    content_size,
     error_fields,
     etag,
     failure,
@@ -64,7 +65,14 @@ from durable.adapters._s3_http import (
 )
 from durable.adapters._s3_light import get_small, light_store, list_below
 from durable.adapters._s3_light import put as light_put
-from durable.adapters._s3_upload import MAX_PART_SIZE, MIN_PART_SIZE, S3AtomicFile, WrittenChecksum
+from durable.adapters._s3_upload import (
+    FULL_OBJECT,
+    MAX_PART_SIZE,
+    MIN_PART_SIZE,
+    MULTIPART_IF_NONE_MATCH,
+    S3AtomicFile,
+    WrittenChecksum,
+)
 from durable.adapters.base import (
     Adapter,
     AtomicFile,
@@ -90,6 +98,22 @@ _LIGHT_PUT_MAX = 1024 * 1024  # PUTs up to this size may go through obstore (`_s
 #: The name of every endpoint-probe object (followed by a uuid): recognisable if a crash
 #: leaves one behind.
 PROBE_PREFIX = ".durable-probe-"
+# How an endpoint refuses a condition it does not implement, where the same request
+# without it succeeded a moment before: S3-compatible stores and gateways answer a header
+# they lack with 501 NotImplemented, some with 400. The header is refused, not the write:
+# sent again, it would fail every write (`_refusals`).
+_NOT_IMPLEMENTED = frozenset({400, 501})
+#: How `S3Adapter.refusal` names the multi-object delete (POST ?delete).
+DELETE_OBJECTS = "DeleteObjects"
+# What durable does without a header or request the endpoint refused.
+_WITHOUT = {
+    "If-None-Match": "create-only writes fall back to a racy HEAD check",
+    "If-Match": "no conditional writes, no leases",
+    FULL_OBJECT: "multipart uploads carry the CRC32C of each part only",
+    DELETE_OBJECTS: "objects are deleted one DeleteObject each",
+    MULTIPART_IF_NONE_MATCH: "a create-only write of more than part_size is a HEAD before "
+                             "its completion, which racing writers can both pass",
+}
 
 
 class _EndpointCapabilities:
@@ -98,20 +122,34 @@ class _EndpointCapabilities:
     def __get__(self, obj: S3Adapter | None, owner: type) -> Capabilities:
         enforced = None if obj is None else obj.create_only_known()
         conditional = None if obj is None else obj.conditional_known()
+        full = obj.refusal(FULL_OBJECT) if obj is not None else None
+        checksums = (f"; this endpoint refuses the FULL_OBJECT checksum type ({full}): "
+                     f"{_WITHOUT[FULL_OBJECT]}" if full else "")
+        if obj is not None and obj._create_only_multipart_by_endpoint.get(
+                obj._endpoint()) is False:
+            refused = obj.refusal(MULTIPART_IF_NONE_MATCH)
+            how = f"refuses it ({refused})" if refused else "ignores it"
+            checksums += (f"; If-None-Match on CompleteMultipartUpload: this endpoint {how} "
+                          f"(probed): {_WITHOUT[MULTIPART_IF_NONE_MATCH]}")
         if enforced is False:
+            refused = obj.refusal("If-None-Match") if obj else None
+            how = f"refuses If-None-Match ({refused})" if refused else "ignores If-None-Match"
             return Capabilities(
                 atomic_objects=True, create_only=False, durable=True, pinned_reads=True,
-                note="this endpoint ignores If-None-Match (probed): create-only is a HEAD "
-                     "before the write, which two racing writers can both pass",
+                note=f"this endpoint {how} (probed): create-only is a HEAD "
+                     f"before the write, which two racing writers can both pass{checksums}",
                 conditional_writes=conditional is not False, object_records=True)
         note = ("PutObject or a multipart upload completed at commit; CRC32C sent per part "
                 "and per object; reads pinned by If-Match")
         if enforced is None:
             note += "; If-None-Match is probed on the endpoint at the first create-only write"
         if conditional is False:
-            note += "; this endpoint ignores If-Match on PUT/DELETE (probed): no leases"
+            refused = obj.refusal("If-Match") if obj else None
+            how = f"refuses If-Match ({refused})" if refused else "ignores If-Match"
+            note += f"; this endpoint {how} on PUT/DELETE (probed): no leases"
         else:
             note += "; conditional writes by If-Match on PUT and DELETE"
+        note += checksums
         return Capabilities(atomic_objects=True, create_only=True, durable=True,
                             pinned_reads=True, note=note,
                             conditional_writes=conditional is not False, object_records=True)
@@ -138,6 +176,10 @@ class S3Adapter(Adapter):
     _create_only_by_endpoint: ClassVar[dict[str, bool]] = {}
     # Endpoint URL -> whether it enforces If-Match on PutObject and DeleteObject.
     _conditional_by_endpoint: ClassVar[dict[str, bool]] = {}
+    # Endpoint URL -> whether it enforces If-None-Match on CompleteMultipartUpload too.
+    _create_only_multipart_by_endpoint: ClassVar[dict[str, bool]] = {}
+    # "<endpoint> <header>" -> how the endpoint refused that header (never sent again there).
+    _refusals: ClassVar[dict[str, str]] = {}
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, fs: Any, *, part_size: int = 8 * MiB, max_in_flight: int = 4,
@@ -194,8 +236,11 @@ class S3Adapter(Adapter):
         use probes again. For a store replaced at the same URL (a test proxy's port,
         reused by the next proxy in front of another store)."""
         with cls._probe_lock:
-            for verdicts in (cls._create_only_by_endpoint, cls._conditional_by_endpoint):
+            for verdicts in (cls._create_only_by_endpoint, cls._conditional_by_endpoint,
+                             cls._create_only_multipart_by_endpoint):
                 verdicts.pop(endpoint.rstrip("/"), None)
+            for header in _WITHOUT:
+                cls._refusals.pop(f"{endpoint.rstrip('/')} {header}", None)
 
     # endpoint probes ----------------------------------------------------------------------
     def _probed(self, verdicts: dict[str, bool], path: str,
@@ -254,16 +299,85 @@ class S3Adapter(Adapter):
         """Whether this endpoint enforces If-None-Match; probed once, for a write of ``path``."""
         return self._probed(self._create_only_by_endpoint, path, self._probe_create_only)
 
+    def refusal(self, header: str) -> str | None:
+        """How this endpoint refused ``header`` ("If-None-Match", "If-Match") when probed,
+        if it did: it is then never sent there."""
+        return self._refusals.get(f"{self._endpoint()} {header}")
+
+    def refused(self, exc: BaseException, header: str, *, note: bool = True) -> str | None:
+        """How the endpoint refused ``header`` as not implemented, if ``exc`` (or an error
+        it was raised from) is that refusal; noted (`refusal`) and warned of unless
+        ``note`` is False (the caller notes it once the request without it succeeded)."""
+        cause: BaseException | None = exc
+        while cause is not None and error_fields(cause)[0] is None:
+            cause = cause.__cause__
+        status, code, message = error_fields(cause) if cause else (None, "", "")
+        if status not in _NOT_IMPLEMENTED and code != "NotImplemented":
+            return None
+        said = f"HTTP {status} {code}: {message}".rstrip(": ")
+        if note:
+            self.note_refusal(header, said)
+        return said
+
+    def note_refusal(self, header: str, said: str) -> None:
+        self._refusals[f"{self._endpoint()} {header}"] = said
+        log.warning("%s: the endpoint refuses %s (%s): %s", self._endpoint(), header, said,
+                    _WITHOUT[header])
+
     def _probe_create_only(self, path: str) -> bool:
         body = b"durable create-only probe"
         with self._probe_object(path, body) as (bucket, key, url):
             try:
-                self._call("put_object", url, "create-only probe PUT", create_only=True,
-                           Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
-            except FileExistsError:
-                return True
+                sync(self.fs.loop, self.fs._call_s3, "put_object", Bucket=bucket, Key=key,
+                     Body=body, IfNoneMatch="*")
+            except Exception as exc:
+                if error_fields(exc)[0] == 412:
+                    return True
+                # The same PUT without the header was taken a moment before: refusing
+                # this one, the endpoint refuses the header. Sent on every create-only
+                # write, it failed them all with this probe's error.
+                if self.refused(exc, "If-None-Match") is not None:
+                    return False
+                raise failure(exc, url, "create-only probe PUT", create_only=True) from exc
         log.warning("%s: the endpoint ignores If-None-Match: create-only writes fall back "
                     "to a racy HEAD check", self._endpoint())
+        return False
+
+    def create_only_multipart_enforced(self, path: str) -> bool:
+        """Whether this endpoint enforces If-None-Match on CompleteMultipartUpload as well
+        as on PutObject (S3 added both in 2024; a store may have only the first); probed
+        once, at the first create-only write of ``path`` in parts."""
+        return self._probed(self._create_only_multipart_by_endpoint, path,
+                            self._probe_create_only_multipart)
+
+    def _probe_create_only_multipart(self, path: str) -> bool:
+        """Complete a one-part upload over the probe object with If-None-Match: a 412 is
+        the store enforcing it; a completed upload (it replaced the probe) is not."""
+        with self._probe_object(path, b"durable create-only probe") as (bucket, key, url):
+            upload = self._call("create_multipart_upload", url, "probe CreateMultipartUpload",
+                                Bucket=bucket, Key=key)["UploadId"]
+            done = False
+            try:
+                part = self._call("upload_part", url, "probe UploadPart", Bucket=bucket,
+                                  Key=key, UploadId=upload, PartNumber=1, Body=b"probe")
+                sync(self.fs.loop, self.fs._call_s3, "complete_multipart_upload",
+                     Bucket=bucket, Key=key, UploadId=upload, IfNoneMatch="*",
+                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+                done = True
+            except Exception as exc:
+                if error_fields(exc)[0] == 412:
+                    return True
+                if self.refused(exc, MULTIPART_IF_NONE_MATCH) is None:
+                    raise failure(exc, url, "create-only probe CompleteMultipartUpload",
+                                  create_only=True) from exc
+            finally:
+                if not done:
+                    with contextlib.suppress(Exception):
+                        self._call("abort_multipart_upload", url, "AbortMultipartUpload",
+                                   Bucket=bucket, Key=key, UploadId=upload)
+        if done:
+            log.warning("%s: the endpoint ignores If-None-Match on CompleteMultipartUpload: "
+                        "%s", self._endpoint(), _WITHOUT[MULTIPART_IF_NONE_MATCH])
         return False
 
     def conditional_known(self) -> bool | None:
@@ -283,9 +397,13 @@ class S3Adapter(Adapter):
                     sync(self.fs.loop, self.fs._call_s3, method, Bucket=bucket, Key=key,
                          IfMatch=wrong, **extra)
                 except Exception as exc:
-                    if error_fields(exc)[0] != 412:
-                        raise failure(exc, url, f"conditional probe {method}") from exc
-                    continue
+                    if error_fields(exc)[0] == 412:
+                        continue
+                    # Refused as not implemented: no leases (UnsupportedError), never a
+                    # clean or an atomic_write failing on this probe's error.
+                    if self.refused(exc, "If-Match") is not None:
+                        return False
+                    raise failure(exc, url, f"conditional probe {method}") from exc
                 log.warning("%s: the endpoint ignores If-Match on %s: no leases here",
                             self._endpoint(), method)
                 return False
@@ -355,7 +473,8 @@ class S3Adapter(Adapter):
                     durable: bool = True) -> AtomicFile:
         # durable is moot: S3 acknowledges a write once it is stored durably.
         enforced = self.create_only_enforced(path) if create_only else True
-        return S3AtomicFile(self, path, create_only=create_only, head_check=not enforced)
+        return S3AtomicFile(self, path, create_only=create_only, head_check=not enforced,
+                            if_none_match=self.refusal("If-None-Match") is None)
 
     # reading ------------------------------------------------------------------------------
     def info(self, path: str) -> ObjectInfo | None:
@@ -367,7 +486,7 @@ class S3Adapter(Adapter):
             resp = self._call("head_object", url, "HEAD", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return None
-        return ObjectInfo(path, int(resp["ContentLength"]), etag(resp.get("ETag"), url),
+        return ObjectInfo(path, content_size(resp, url, "HEAD"), etag(resp.get("ETag"), url),
                           _timestamp(resp.get("LastModified")),
                           record_fields(resp.get("Metadata")))
 
@@ -389,10 +508,12 @@ class S3Adapter(Adapter):
                 return dict(sorted(got.items()))
         out: dict[str, ObjectInfo] = {}
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
+        call, what = "list_objects_v2", "ListObjectsV2"
         tokens: set[str] = set()
         while True:
-            resp = self._call("list_objects_v2", self.url(prefix), "ListObjectsV2", **kwargs)
-            for obj in resp.get("Contents", []):
+            resp = self._call(call, self.url(prefix), what, **kwargs)
+            contents = resp.get("Contents", [])
+            for obj in contents:
                 path = f"{bucket}/{obj['Key']}"
                 if obj["Key"][len(start):] in out:
                     raise circling(self.url(prefix), self.url(path))
@@ -402,14 +523,23 @@ class S3Adapter(Adapter):
             if not resp.get("IsTruncated"):
                 return dict(sorted(out.items()))
             token = resp.get("NextContinuationToken")
-            if not token:
-                # Without a token the rest of the listing is unreachable: never return a part.
-                raise OSError(f"{self.url(prefix)}: truncated listing without a continuation "
-                              "token")
-            if token in tokens:  # one that never advances: the same page for ever
-                raise circling(self.url(prefix), f"continuation token {token!r}")
-            tokens.add(token)
-            kwargs["ContinuationToken"] = token
+            if token and call == "list_objects_v2":
+                if token in tokens:  # one that never advances: the same page for ever
+                    raise circling(self.url(prefix), f"continuation token {token!r}")
+                tokens.add(token)
+                kwargs["ContinuationToken"] = token
+                continue
+            # Truncated without a token: a store that answers ListObjectsV2 as the original
+            # ListObjects (pages by Marker), or leaves the token off. Go on after the last
+            # key of the page, by ListObjects' Marker, which every S3 store takes (a page
+            # that starts over is caught above as circling). The rest of the listing was
+            # unreachable, and every commit, verify and scan of a large entry refused.
+            if not contents:
+                raise OSError(f"{self.url(prefix)}: {what} answered a truncated page with "
+                              "no keys and no continuation token: the rest of the listing "
+                              "is unreachable")
+            call, what = "list_objects", "ListObjects"
+            kwargs = {"Bucket": bucket, "Prefix": start, "Marker": contents[-1]["Key"]}
 
     def _parse_timestamps_fast(self) -> None:
         """botocore parses every listed object's LastModified with dateutil, 57 us each: a
@@ -459,7 +589,7 @@ class S3Adapter(Adapter):
         except FileNotFoundError:
             return None
         try:
-            info = ObjectInfo(path, int(resp["ContentLength"]), etag(resp.get("ETag"), url),
+            info = ObjectInfo(path, content_size(resp, url, "GET"), etag(resp.get("ETag"), url),
                               _timestamp(resp.get("LastModified")),
                               record_fields(resp.get("Metadata")))
         except BaseException:
@@ -566,7 +696,7 @@ class S3Adapter(Adapter):
         except FileNotFoundError:
             raise IntegrityError(f"{url}: written but not found afterwards", url=url) from None
         tag = etag(head.get("ETag"), url)
-        info = ObjectInfo(path, int(head["ContentLength"]), tag)
+        info = ObjectInfo(path, content_size(head, url, "HEAD after write"), tag)
         if info.size != checksum.size:
             raise IntegrityError(f"{url}: wrote {checksum.size} bytes, the store holds "
                                  f"{info.size}", url=url, expected=checksum.size,
@@ -718,16 +848,54 @@ class S3Adapter(Adapter):
         for bucket, keys in by_bucket.items():
             for i in range(0, len(keys), _DELETE_BATCH):
                 batch = keys[i:i + _DELETE_BATCH]
-                resp = self._call("delete_objects", self.url(bucket), "DeleteObjects",
-                                  Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch],
-                                                         "Quiet": True})
-                errors = resp.get("Errors") or []
+                errors: Sequence[dict[str, str]]
+                if self.refusal(DELETE_OBJECTS) is not None:
+                    errors = sync(self.fs.loop, self._delete_each, bucket, batch)
+                else:
+                    errors = self._delete_batch(bucket, batch)
                 if errors:
                     shown = "; ".join(f"{self.url(bucket + '/' + e.get('Key', '?'))}: "
                                       f"{e.get('Code')} {e.get('Message')}" for e in errors[:5])
                     raise OSError(f"{len(errors)} objects could not be deleted: {shown}")
             for key in keys:
                 self.fs.invalidate_cache(f"{bucket}/{key}")
+
+    def _delete_batch(self, bucket: str, keys: Sequence[str]) -> Sequence[dict[str, str]]:
+        """One DeleteObjects; the keys it could not delete, as its Errors. An endpoint
+        that refuses DeleteObjects (not implemented, or asking for the Content-MD5 botocore
+        no longer sends) is noted and asked key by key from then on: every clean,
+        overwrite and delete failed on such a store."""
+        try:
+            resp = self._call("delete_objects", self.url(bucket), "DeleteObjects",
+                              Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys],
+                                                     "Quiet": True})
+        except OSError as exc:
+            # Deleting key by key is right on every store: noted at once.
+            if self.refused(exc, DELETE_OBJECTS) is None:
+                raise
+            errors: Sequence[dict[str, str]] = sync(self.fs.loop, self._delete_each, bucket,
+                                                    keys)
+            return errors
+        return resp.get("Errors") or []
+
+    async def _delete_each(self, bucket: str, keys: Sequence[str]
+                           ) -> Sequence[dict[str, str]]:
+        """DeleteObject of every key, some at once; the failures, as DeleteObjects' Errors."""
+        gate = asyncio.Semaphore(_PROBES_IN_FLIGHT)
+
+        async def one(key: str) -> dict[str, str] | None:
+            async with gate:
+                try:
+                    await self.fs._call_s3("delete_object", Bucket=bucket, Key=key)
+                except Exception as exc:
+                    status, code, message = error_fields(exc)
+                    if status == 404:  # gone already: what a delete asks for
+                        return None
+                    return {"Key": key, "Code": code or type(exc).__name__,
+                            "Message": message or str(exc)}
+            return None
+
+        return [e for e in await asyncio.gather(*(one(k) for k in keys)) if e is not None]
 
     def delete_prefix(self, prefix: str) -> None:
         if not self._split(prefix)[1].strip("/"):

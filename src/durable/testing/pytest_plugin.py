@@ -12,9 +12,14 @@ durable-io gets the fixtures without a conftest:
 A server whose program is missing fails the test with an install hint: a green run must not
 hide a store that was never tested. Set DURABLE_SKIP_MISSING_SERVERS=1 to skip instead.
 
-Loading the plugin sets `set_network_guards()` for the whole session (it forces
-AWS_DEFAULT_REGION=us-east-1, among others). A suite that talks to the real cloud opts out
-with `pytest -p no:durable`.
+The plugin is loaded in every pytest session of an environment that has durable-io, so it
+changes nothing by being loaded: the cloud clients' guards (`set_network_guards`: dummy AWS
+keys where none are set, AWS_DEFAULT_REGION=us-east-1, dead metadata addresses) are set
+when a server fixture first starts, for the rest of that session. Set at import, they made
+an unrelated project's suite see us-east-1 and the key "testing". A suite that imports
+gcsfs or creates cloud clients before its first server fixture calls
+`durable.testing.servers.set_network_guards()` at the top of its conftest (durable's own
+does).
 """
 
 from __future__ import annotations
@@ -43,15 +48,6 @@ from durable.testing.servers import (
 )
 
 __all__ = ["Bucket"]
-
-# At import, before any test module imports gcsfs or a cloud SDK: they read these once.
-set_network_guards()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Set the guards again, in case a conftest changed the environment since import."""
-    set_network_guards()
-
 
 @dataclass(frozen=True)
 class Bucket:
@@ -82,6 +78,9 @@ _S = TypeVar("_S", bound=Server)
 
 
 def _serve(start: Callable[[], _S]) -> Iterator[_S]:
+    # A session that starts a local server is pointed away from the cloud's metadata
+    # servers from here on; one that never does keeps its environment (module doc).
+    set_network_guards()
     try:
         server = start()
     except ServerNotFoundError as err:
