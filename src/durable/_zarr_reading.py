@@ -355,22 +355,33 @@ class VerifyingStore(WrapperStore[Store]):
                             byte_range: ByteRequest) -> Buffer:
         start, length = _span(self._manifest[key], byte_range)
         loop = asyncio.get_running_loop()
-        info = self._pins.get(key)
-        if info is None:
-            info = await loop.run_in_executor(_RANGE_POOL, self._pin, key)
         entry = self._entry_of()
+        path = f"{entry.path}/{key}"
+        info = self._pins.get(key)
         try:
-            data = await loop.run_in_executor(_RANGE_POOL, entry.adapter.read_range,
-                                              f"{entry.path}/{key}", info, start, length)
+            if info is not None:
+                data = await loop.run_in_executor(_RANGE_POOL, entry.adapter.read_range,
+                                                  path, info, start, length)
+            else:
+                # The first range of this object: stat'ed, then read while the marker is
+                # read again (after the stat, as the range is): the bytes go out only once
+                # the marker shows the version stat'ed is the committed one.
+                info = await loop.run_in_executor(_RANGE_POOL, self._stat, key)
+                data, problem = await asyncio.gather(
+                    loop.run_in_executor(_RANGE_POOL, entry.adapter.read_range, path, info,
+                                         start, length),
+                    loop.run_in_executor(_RANGE_POOL, self._confirm_commit, key))
+                if problem is not None:
+                    raise problem
+                self._pins.setdefault(key, info)
         except IntegrityError as exc:
             # "replaced since it was listed": the version pinned is gone; a rewrite's
             # doing where the marker changed, else the error as it is.
             raise self._rewritten(key) or exc from exc
         return prototype.buffer.from_bytes(data)
 
-    def _pin(self, key: str) -> ObjectInfo:
-        """The version of ``key`` to read ranges of: stat'ed, then shown committed by a
-        marker read that began after the stat."""
+    def _stat(self, key: str) -> ObjectInfo:
+        """The version of ``key`` now, if it has the size the manifest records."""
         entry = self._entry_of()
         rec = self._manifest[key]
         info = entry.adapter.info(f"{entry.path}/{key}")
@@ -381,10 +392,7 @@ class VerifyingStore(WrapperStore[Store]):
                 f"{rec.size} bytes, the store has "
                 f"{'none' if info is None else info.size}", url=self._chunk_url(key),
                 expected=rec.size, found="missing" if info is None else info.size)
-        problem = self._confirm_commit(key)
-        if problem is not None:
-            raise problem
-        return self._pins.setdefault(key, info)
+        return info
 
     def _confirm_commit(self, key: str) -> IntegrityError | None:
         """The rewrite error unless the marker, read after the caller's stat, is still
