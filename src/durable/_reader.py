@@ -19,6 +19,7 @@ the entry, not one per object.
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -104,8 +105,6 @@ class EntryReader:
         of another commit: its size checked at the open, its CRC32C before the last bytes
         go out (read in order) or, at the first seek away from order, over the whole object
         before any byte (as `durable.open_verified`)."""
-        import io
-
         rec = self.record(key)
         adapter, path = self.entry.adapter, self._path(key)
         try:
