@@ -201,6 +201,28 @@ def test_store_refuses_bytes_that_do_not_match_content_md5(
 
 
 # ---------------------------------------------------------------------------- create-only
+@pytest.mark.parametrize("data", [SMALL, MEDIUM, LARGE], ids=["put-blob", "one-block",
+                                                            "blocks-while-writing"])
+@pytest.mark.parametrize("create_only", [False, True], ids=["replace", "create-only"])
+def test_a_write_into_a_missing_container_names_it(azure_container: Bucket, data: bytes,
+                                                   create_only: bool) -> None:
+    """A write into a mistyped container (an entry's first write is its attempt record)
+    is a FileNotFoundError naming the blob and the container, as on GCS and S3: it was
+    the SDK's ResourceNotFoundError (no OSError), which named neither."""
+    a = adapter(azure_container)
+    with pytest.raises(FileNotFoundError,
+                       match=r"^abfs://no-such-container-x/p/o: no such container "
+                             r"'no-such-container-x'") as raised, \
+            a.open_atomic("no-such-container-x/p/o", create_only=create_only) as f:
+        f.write(data)
+    assert not isinstance(raised.value, HttpResponseError)
+    with pytest.raises(FileNotFoundError, match=r"^az://no-such-container-x/\S*: no such "
+                                                r"container 'no-such-container-x'"), \
+            Entry("az://no-such-container-x/run",
+                  storage_options=azure_container.storage_options).writing() as w:
+        w.write_bytes("a.bin", b"a")
+
+
 def test_create_only_race_has_exactly_one_winner(azure_container: Bucket, raw: Raw) -> None:
     a = adapter(azure_container)
     for round_ in range(20):

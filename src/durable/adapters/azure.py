@@ -97,6 +97,8 @@ _IN_FLIGHT = 16  # requests at once, deleting or looking at uploads
 _TOKEN = "durable_write"
 #: A block ID as `_AzureAtomicFile` names them: the writer's random prefix, the block number.
 _BLOCK_ID = re.compile(r"[0-9a-f]{16}-\d{6}")
+#: The requests that write a blob: a 404 to one of them can only be a missing container.
+_UPLOADS = frozenset({"upload_blob", "stage_block", "commit_block_list"})
 _RANGE_TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 #: azure-storage-blob's wait for the next bytes of an answer, where the storage options set
 #: no read_timeout (said in the error of a stalled request).
@@ -372,6 +374,12 @@ class AzureAdapter(Adapter):
                     f"Content-MD5 sent with them (corrupted in transit?): {exc.message}",
                     url=url, expected="the Content-MD5 sent", found="other bytes") from exc
             if isinstance(exc, ResourceNotFoundError):
+                if _error_code(exc) == "ContainerNotFound" and method in _UPLOADS:
+                    # The SDK's error (no OSError) named neither the blob nor the container:
+                    # an entry's first write into a mistyped container.
+                    raise FileNotFoundError(
+                        f"{self.url(path)}: no such container {self._split(path)[0]!r} "
+                        f"({method} answered 404 ContainerNotFound)") from None
                 raise  # gone: each caller judges what that means
             raise _failure(self.url(path), method, exc) from exc
         except AzureError as exc:
