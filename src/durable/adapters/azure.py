@@ -30,6 +30,9 @@ retries a request whose answer was lost, and when the first attempt had landed, 
 refuses the retry (409). The blob is then read back, and if it carries this write's token
 the write succeeded.
 
+Names: adlfs reads a path as a URL (a trailing '#' or '?' dropped, "a?b#c" made "a#c?b"),
+so a name it would change is a ValueError (`stripped`), never another blob.
+
 Uploads left open: a writer killed after staging blocks leaves a blob of uncommitted blocks
 only. It is invisible to reads and listings, but a listing that includes uncommitted blobs
 shows it, and `list_uploads` returns it (as durable's when every block ID is one durable
@@ -80,6 +83,7 @@ from durable.adapters.base import (
     caused_by,
     circling,
     exact_range,
+    stripped,
     strong_etag,
 )
 
@@ -337,7 +341,7 @@ class AzureAdapter(Adapter):
 
     # helpers --------------------------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, str]:
-        container, _, key = self.fs._strip_protocol(path).lstrip("/").partition("/")
+        container, _, key = stripped(self.fs, path).lstrip("/").partition("/")
         return container, key
 
     @property
@@ -388,6 +392,7 @@ class AzureAdapter(Adapter):
     # writing --------------------------------------------------------------------------------
     def open_atomic(self, path: str, *, create_only: bool = False,
                     durable: bool = True) -> AtomicFile:
+        self._split(path)  # a name adlfs would change: refused before any byte is taken
         return _AzureAtomicFile(self, path, create_only=create_only)
 
     # reading --------------------------------------------------------------------------------
