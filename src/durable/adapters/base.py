@@ -592,7 +592,9 @@ def circling(listing: str, twice: str) -> OSError:
 def stripped(fs: Any, text: str) -> str:
     """``fs._strip_protocol(text)``, refused (`refuse_renamed`) where that changed the name."""
     path: str = fs._strip_protocol(text)
-    refuse_renamed(text, path, type(fs).__name__)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    if "file" not in protocols:  # a local path is made absolute, never parsed as a URL
+        refuse_renamed(text, path, type(fs).__name__)
     return path
 
 
@@ -607,7 +609,8 @@ def refuse_renamed(text: str, path: str, by: str) -> None:
     # the key; the key itself must end the text as given.
     tail = path.rstrip("/")
     key = tail.partition("/")[2]
-    if not text.rstrip("/").endswith("/" + key if key else tail):
+    given = text.rstrip("/")
+    if not (given.endswith("/" + key) or given == key) if key else not given.endswith(tail):
         raise ValueError(f"{text!r}: {by} would take this for the object {path!r} (it "
                          "reads '?' and '#' in a path as a URL's query and fragment); give "
                          "a name without them")
