@@ -352,6 +352,42 @@ def test_pipe_put_copy_move_touch_are_recorded(place: Place, tmp_path: Path) -> 
     assert place.marker("ops/piped") is None and not place.inner.exists(place.path("ops/piped"))
 
 
+def test_an_upload_of_a_damaged_local_checkpoint_is_refused(place: Place,
+                                                            tmp_path: Path) -> None:
+    """``put`` reads the local source against its record, as ``cp`` reads its source: a
+    checkpoint committed on local disk, then damaged there (a flipped byte; a file cut
+    short), was uploaded as it was and recorded with the damaged bytes' own CRC32C, so the
+    copy verified deep and every read returned the damage as data."""
+    local = tmp_path / "ckpt" / "step-100"
+    with durable.Entry(str(local)).writing() as w:
+        w.fs.pipe_file(f"{w.path}/model.bin", os.urandom(70_000))
+        w.fs.pipe_file(f"{w.path}/meta.json", b'{"step": 100}')
+    single = tmp_path / "ckpt" / "model.npz"
+    with durable.atomic_write(str(single)) as f:
+        f.write(os.urandom(5_000))
+    model = local / "model.bin"
+    flipped = bytearray(model.read_bytes())
+    flipped[1234] ^= 1
+    model.write_bytes(bytes(flipped))
+    os.truncate(single, 4_000)
+    fs, root = fsspec.url_to_fs(place.url("up"), **place.so)
+    with pytest.raises(IntegrityError, match=r"model\.bin.*CRC32C"):
+        fs.put_file(str(model), f"{root}/model.bin")
+    with pytest.raises(IntegrityError, match=r"model\.npz.*5000 bytes.*4000"):
+        fs.put_file(str(single), f"{root}/model.npz")
+    with pytest.raises(IntegrityError, match=r"model\.bin"):
+        fs.put(str(local), f"{root}/step-100", recursive=True)
+    assert not place.inner.exists(place.path("up/model.bin"))
+    assert not place.inner.exists(place.path("up/model.npz"))
+    assert not place.inner.exists(place.path("up/step-100/model.bin"))
+    # Undamaged and unrecorded files upload as before.
+    (tmp_path / "plain.bin").write_bytes(b"no record")
+    fs.put_file(str(local / "meta.json"), f"{root}/meta.json")
+    fs.put_file(str(tmp_path / "plain.bin"), f"{root}/plain.bin")
+    assert fs.cat_file(f"{root}/meta.json") == b'{"step": 100}'
+    assert fs.cat_file(f"{root}/plain.bin") == b"no record"
+
+
 def test_a_directory_moves_and_copies_recursively(place: Place) -> None:
     """fsspec's mv copies every path a recursive listing gives, directories included, and
     stops at the first FileNotFoundError: cp_file of a directory raised one, so
