@@ -380,12 +380,23 @@ def test_an_upload_of_a_damaged_local_checkpoint_is_refused(place: Place,
     assert not place.inner.exists(place.path("up/model.bin"))
     assert not place.inner.exists(place.path("up/model.npz"))
     assert not place.inner.exists(place.path("up/step-100/model.bin"))
-    # Undamaged and unrecorded files upload as before.
+    # A link is read as the file it names, against that file's record.
+    (tmp_path / "link.bin").symlink_to(model)
+    with pytest.raises(IntegrityError, match=r"model\.bin.*CRC32C"):
+        fs.put_file(str(tmp_path / "link.bin"), f"{root}/link.bin")
+    # Undamaged and unrecorded files upload as before, through links too (a Hugging Face
+    # snapshot's files are links into its blobs/).
     (tmp_path / "plain.bin").write_bytes(b"no record")
+    (tmp_path / "snapshot").mkdir()
+    (tmp_path / "snapshot" / "model.bin").symlink_to(tmp_path / "plain.bin")
+    (tmp_path / "snapshot" / "meta.json").symlink_to(local / "meta.json")
     fs.put_file(str(local / "meta.json"), f"{root}/meta.json")
     fs.put_file(str(tmp_path / "plain.bin"), f"{root}/plain.bin")
+    fs.put(str(tmp_path / "snapshot"), f"{root}/snapshot", recursive=True)
     assert fs.cat_file(f"{root}/meta.json") == b'{"step": 100}'
     assert fs.cat_file(f"{root}/plain.bin") == b"no record"
+    assert fs.cat_file(f"{root}/snapshot/model.bin") == b"no record"
+    assert fs.cat_file(f"{root}/snapshot/meta.json") == b'{"step": 100}'
 
 
 def test_a_directory_moves_and_copies_recursively(place: Place) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -50,8 +51,19 @@ def put_local(lpath: str, open_target: Callable[[], Any], callback: Any) -> None
     from durable._verified import expected_of, missing_error, open_verified_path
     from durable.adapters.local import LocalAdapter
 
+    # A link is the file it names, as open() reads it: a Hugging Face snapshot's files
+    # are links into its blobs/, which durable's own reads (which follow no link) refused.
+    path = os.path.realpath(LocalFileSystem._strip_protocol(lpath))
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        special = False  # missing: named below, as the adapter names it
+    if special:
+        # A FIFO or a device holds no record: read as it comes, as before.
+        with open(path, "rb") as src, open_target() as dst:
+            _copy(src, dst, callback)
+        return
     adapter = LocalAdapter(LocalFileSystem())
-    path = LocalFileSystem._strip_protocol(lpath)
     size, crc, tail = expected_of(adapter, path)
     info = adapter.info(path)
     if info is None:
@@ -59,9 +71,13 @@ def put_local(lpath: str, open_target: Callable[[], Any], callback: Any) -> None
     with open_verified_path(adapter, path, size, crc, info=info, stat_taken=True,
                             tail=tail) as src, open_target() as dst:
         callback.set_size(info.size)
-        while block := src.read(_COPY_BLOCK):
-            dst.write(block)
-            callback.relative_update(len(block))
+        _copy(src, dst, callback)
+
+
+def _copy(src: Any, dst: Any, callback: Any) -> None:
+    while block := src.read(_COPY_BLOCK):
+        dst.write(block)
+        callback.relative_update(len(block))
 
 
 class GrowingBuffer(io.BufferedWriter):
