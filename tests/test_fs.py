@@ -240,6 +240,38 @@ def test_options_chain_to_the_inner_filesystem(tmp_path: Path) -> None:
         fsspec.filesystem("durable", target_protocol="memory", verify="sometimes")
 
 
+def test_a_durable_url_given_to_durables_own_api_is_refused_naming_the_url_to_give(
+        place: Place) -> None:
+    """A ``durable::`` URL (kept in a config for pandas) handed to `durable.atomic_write`
+    or `durable.Entry` resolved to the generic adapter over the durable:: filesystem:
+    atomic_write published the object, then failed writing its marker with "paths inside
+    '.durable' directories hold durable's records", and Entry.writing failed the same way,
+    neither saying what was wrong. Refused before anything is written, naming the URL to
+    give instead (the store's own: durable's API records and verifies by itself)."""
+    url = place.url("ckpt.npz")
+    inner = url[len("durable::"):]
+    so = place.inner_options
+
+    def write() -> None:
+        with durable.atomic_write(url, storage_options=so) as f:
+            f.write(b"weights")
+
+    calls: list[Callable[[], object]] = [
+        write, lambda: durable.Entry(url, storage_options=so),
+        lambda: durable.read_verified(url, storage_options=so),
+        lambda: durable.Lease(url, storage_options=so),
+        lambda: durable.cached(url, storage_options=so)(lambda_free)(1)]
+    for call in calls:
+        with pytest.raises(ValueError, match="durable::") as info:
+            call()
+        assert repr(inner) in str(info.value)
+    assert place.objects() == []
+
+
+def lambda_free(x: int) -> int:
+    return x
+
+
 def test_pickles_for_workers(place: Place) -> None:
     import pickle
 
