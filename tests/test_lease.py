@@ -44,6 +44,7 @@ from durable.adapters import resolve
 from durable.adapters.base import VersionMismatchError
 from durable.testing.faults import FaultProxy, Match, delay, error, strip_headers
 from durable.testing.pytest_plugin import Bucket
+from test_ops import zarr_write_held_at_its_marker
 
 BEAT, STALE = 0.2, 1.0
 
@@ -667,7 +668,7 @@ def test_a_writer_committing_while_a_delete_removes_the_entry_never_ends_half_do
         assert entry.state() is State.ABSENT
     else:
         assert isinstance(deleted, durable.AlreadyCompleteError), deleted
-        assert "committed it while it was being deleted" in str(deleted)
+        assert "committed it while it was being removed by this delete" in str(deleted)
         assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok
 
 
@@ -681,49 +682,21 @@ def test_a_marker_landing_while_a_delete_removes_the_data_never_vouches_for_it(
     committed, and its work was gone with no error to anyone. The delete now looks for a
     marker once the data and records are removed: one over data it removed is removed
     too, and the delete says so (IntegrityError naming the writer's commit undone)."""
-    import numpy as np
-
-    import durable.zarr as dz
     from durable import IntegrityError
 
     direct = dict(s3_bucket.storage_options)
     url = s3_bucket.path("ent.zarr")
-    at_marker, release = threading.Event(), threading.Event()
-
-    def hold_the_marker(_: Any) -> bool:
-        at_marker.set()
-        assert release.wait(30)
-        return False
-
-    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
-        proxy.inject("delay", seconds=0, match=Match(
-            methods="PUT", key=".durable/ent.zarr/commit.json", where=hold_the_marker))
-        wrote: list[BaseException | None] = []
-
-        def write() -> None:
-            try:
-                dz.write(url, np.arange(64, dtype="i4").reshape(8, 8), chunks=(4, 4),
-                         storage_options={**direct, "endpoint_url": proxy.url})
-                wrote.append(None)
-            except BaseException as exc:  # checked below
-                wrote.append(exc)
-
-        writer = threading.Thread(target=write)
-        writer.start()
-        try:
-            assert at_marker.wait(30)
-            entry = Entry(url, storage_options=direct)
-            with paused_delete(monkeypatch, entry) as (_, outcome):
-                release.set()  # the marker lands now, the chunks already removed
-                writer.join(30)
-        finally:
-            release.set()
-            writer.join(30)
+    entry = Entry(url, storage_options=direct)
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy, \
+            zarr_write_held_at_its_marker(proxy, url, direct) as (release, writer, wrote), \
+            paused_delete(monkeypatch, entry) as (_, outcome):
+        release.set()  # the marker lands now, the chunks already removed
+        writer.join(30)
     assert wrote == [None]  # the writer was told it committed...
     (deleted,) = outcome
     # ... and the delete says that commit is undone, rather than nobody.
     assert isinstance(deleted, IntegrityError), deleted
-    assert "committed it while it was being deleted" in str(deleted)
+    assert "committed it while it was being removed by this delete" in str(deleted)
     assert "zarr.json" in str(deleted) or "c/" in str(deleted)
     assert entry.read_marker() is None and entry.state() is State.ABSENT
 

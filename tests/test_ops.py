@@ -1526,6 +1526,48 @@ def test_clean_removes_a_writer_killed_in_its_first_object(tmp_path: Path) -> No
     assert not Path(root, "e").exists() and not record.exists()
 
 
+@contextlib.contextmanager
+def zarr_write_held_at_its_marker(proxy: Any, url: str, options: dict[str, Any]
+                                  ) -> Iterator[tuple[threading.Event, threading.Thread,
+                                                      list[BaseException | None]]]:
+    """`durable.zarr.write` of ``url`` on a thread, through ``proxy``, stopped at its
+    marker PUT (a commit from its own records: it listed none of its chunks) until the
+    event yielded is set: yields (that event, the writer's thread, its outcome once it
+    ended: None or what it raised)."""
+    import numpy as np
+
+    import durable.zarr as dz
+    from durable.testing.faults import Match
+
+    at_marker, release = threading.Event(), threading.Event()
+    wrote: list[BaseException | None] = []
+
+    def hold_the_marker(_: Any) -> bool:
+        at_marker.set()
+        assert release.wait(30)
+        return False
+
+    def write() -> None:
+        try:
+            dz.write(url, np.arange(64, dtype="i4").reshape(8, 8), chunks=(4, 4),
+                     storage_options={**options, "endpoint_url": proxy.url})
+            wrote.append(None)
+        except BaseException as exc:  # handed to the test
+            wrote.append(exc)
+
+    name = url.rstrip("/").rpartition("/")[2]
+    proxy.inject("delay", seconds=0, match=Match(
+        methods="PUT", key=f".durable/{name}/commit.json", where=hold_the_marker))
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert at_marker.wait(30)
+        yield release, writer, wrote
+    finally:
+        release.set()
+        writer.join(30)
+
+
 # a slow writer cleaned under it -------------------------------------------------------------
 @pytest.mark.parametrize("how", ["entry", "zarr"])
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -1588,9 +1630,6 @@ def test_a_marker_landing_while_clean_removes_the_data_never_vouches_for_it(
     chunks. The clean kept that marker ("failed"): a marker vouching for data gone, read
     COMPLETE wherever its first and last chunks were written after the removal. It is
     now removed with what is left, and the clean's report says that commit is undone."""
-    import numpy as np
-
-    import durable.zarr as dz
     from durable import Entry, State
     from durable._ops import apply_clean, plan_clean
     from durable._scan import survey
@@ -1599,21 +1638,7 @@ def test_a_marker_landing_while_clean_removes_the_data_never_vouches_for_it(
 
     direct = dict(s3_bucket.storage_options)
     root, url = s3_bucket.path("root"), s3_bucket.path("root", "slow.zarr")
-    at_marker, release, deleted = threading.Event(), threading.Event(), threading.Event()
-    wrote: list[BaseException | None] = []
-
-    def hold_the_marker(_: Any) -> bool:
-        at_marker.set()
-        assert release.wait(30)
-        return False
-
-    def write() -> None:
-        try:
-            dz.write(url, np.arange(64, dtype="i4").reshape(8, 8), chunks=(4, 4),
-                     storage_options={**direct, "endpoint_url": proxy.url})
-            wrote.append(None)
-        except BaseException as exc:  # checked below
-            wrote.append(exc)
+    deleted = threading.Event()
 
     def data_deleted(info: Any) -> bool:
         deleted.set()
@@ -1627,25 +1652,17 @@ def test_a_marker_landing_while_clean_removes_the_data_never_vouches_for_it(
             writer.join(30)
         return False
 
-    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy, \
+            zarr_write_held_at_its_marker(proxy, url, direct) as (release, writer, wrote):
+        sv = survey(*resolve(root, {**direct, "endpoint_url": proxy.url}))
+        report = plan_clean(sv, older_than=0, lease_wait=0)
+        assert [i.url for i in report.items] == [Entry(url).url]
         proxy.inject("delay", seconds=0, match=Match(
-            methods="PUT", key=".durable/slow.zarr/commit.json", where=hold_the_marker))
-        writer = threading.Thread(target=write)
-        writer.start()
-        try:
-            assert at_marker.wait(30)
-            sv = survey(*resolve(root, {**direct, "endpoint_url": proxy.url}))
-            report = plan_clean(sv, older_than=0, lease_wait=0)
-            assert [i.url for i in report.items] == [Entry(url).url]
-            proxy.inject("delay", seconds=0, match=Match(
-                methods="POST", query="delete", where=data_deleted))
-            proxy.inject("delay", seconds=0, match=Match(
-                methods="HEAD", key=".durable/slow.zarr/commit.json",
-                where=then_the_marker_lands))
-            apply_clean(sv, report)
-        finally:
-            release.set()
-            writer.join(30)
+            methods="POST", query="delete", where=data_deleted))
+        proxy.inject("delay", seconds=0, match=Match(
+            methods="HEAD", key=".durable/slow.zarr/commit.json",
+            where=then_the_marker_lands))
+        apply_clean(sv, report)
     assert wrote == [None]  # the writer was told it committed
     (item,) = report.items
     assert item.status == "failed", (item.status, item.detail)

@@ -39,6 +39,7 @@ from durable._errors import (
     UnsupportedError,
 )
 from durable._nesting import (
+    being_removed,
     delete_entry,
     nearest_marked,
     refuse_inside_committed,
@@ -665,14 +666,16 @@ class Entry:
                 # writer's to remove.
                 # Attempts first, marker second: a winner removes its attempt record only
                 # after its marker is written, so this order cannot miss both.
-                # Nor is an entry whose lease another took since this writer (without
-                # one) started: a delete or clean removing it, or a writer resuming it,
-                # whose kept objects this removal would take from under it.
+                # Nor is an entry whose lease a writer took since this one (without a
+                # lease) started: the objects it resumes would be taken from under it.
+                # A delete's or clean's lease is no such writer: what this writer wrote
+                # after their removal would outlive it, INCOMPLETE.
                 if (fresh and set(self.adapter.list(self.layout.attempts))
                         <= {f"{writer.attempt}.json"}
                         and self.adapter.info(self.layout.marker) is None
                         and (lease is not None
-                             or self.adapter.info(self.layout.lease) is None)):
+                             or self.adapter.info(self.layout.lease) is None
+                             or being_removed(self))):
                     self.adapter.delete_prefix(self.path)
                     clear_records(self)
                 else:

@@ -31,10 +31,9 @@ if TYPE_CHECKING:
     from durable._entry import Entry
     from durable._lease import Lease
 
-__all__ = ["DELETING", "OPENED_FIRST", "committed_above", "committed_meanwhile",
-           "delete_entry", "delete_tree",
-           "forget_clear", "levels", "nearest_marked", "refuse_inside_committed",
-           "refuse_leased", "remove_records"]
+__all__ = ["CLEANING", "DELETING", "OPENED_FIRST", "being_removed", "committed_above",
+           "committed_meanwhile", "delete_entry", "delete_tree", "forget_clear", "levels",
+           "nearest_marked", "refuse_inside_committed", "refuse_leased", "remove_records"]
 
 
 #: Documents a reader opens before any other object of a tree: zarr v3's and v2's (which
@@ -162,6 +161,19 @@ def remove_records(adapter: Adapter, layout: Layout) -> None:
 
 #: The purpose the lease an `Entry.delete` holds states, to the writers it keeps out.
 DELETING = "Entry.delete() removing the entry"
+#: The purpose a clean's lease states, to writers it keeps out and to other cleans.
+CLEANING = "durable clean removing the entry"
+
+
+def being_removed(entry: Entry) -> bool:
+    """Whether the entry's lease is held by a delete or a clean removing the entry (one
+    read of it): a writer refused by it removes its own objects, which would outlive
+    the removal (INCOMPLETE), where those of an entry another writer took the lease of
+    are that writer's to resume."""
+    from durable._lease import LeaseWatch  # (_lease imports _entry, which imports this)
+
+    holder = LeaseWatch(entry, adapter=entry.adapter, path=entry.layout.lease).peek()
+    return holder is not None and holder.get("purpose") in (DELETING, CLEANING)
 
 
 def delete_entry(entry: Entry, force: bool) -> None:

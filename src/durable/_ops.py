@@ -37,7 +37,7 @@ from durable._errors import (
     UnsupportedError,
 )
 from durable._lease import Lease, LeaseView, describe
-from durable._nesting import OPENED_FIRST, committed_meanwhile, delete_tree
+from durable._nesting import CLEANING, OPENED_FIRST, committed_meanwhile, delete_tree
 from durable._pool import bounded_map
 from durable._protocol import (
     LEASE_NAME,
@@ -1000,8 +1000,6 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
     item.status, item.detail = ("failed", undone) if undone else ("removed", "")
 
 
-#: The purpose a clean's lease states, to writers it keeps out and to other cleans.
-CLEANING = "durable clean removing the entry"
 
 #: Why an item found gone at its removal is skipped.
 _GONE = "already removed since the plan (by another clean of this root, or a delete)"
