@@ -264,9 +264,10 @@ class EntryWriter:
             raise IntegrityError(
                 f"{self.entry.url}: not committing: this writer's attempt record {where} is "
                 "gone at commit: another writer started over the entry (overwrite=True) or "
-                "a clean removed its records while this one wrote, and what it wrote may "
-                "be gone or replaced. Write it again once nothing else writes it (a "
-                "durable.Lease keeps a second writer out)", url=self.entry.url)
+                "`durable clean` or Entry.delete() removed its records while this one wrote, "
+                "and what it wrote may be gone or replaced. Write it again once nothing "
+                "else writes it (a durable.Lease keeps a second writer out)",
+                url=self.entry.url)
 
     def commit_from_records(self, records: dict[str, ObjectInfo]) -> bool:
         """Commit the manifest as recorded, without listing the entry, if ``records`` (a
