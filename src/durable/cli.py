@@ -156,6 +156,7 @@ from durable._scan import (
     Records,
     ScanRow,
     Survey,
+    holds_recorded_objects,
     holds_records,
     is_lock_sidecar,
     mismatch_reason,
@@ -536,9 +537,12 @@ def status(ctx: click.Context, url: str, as_json: bool) -> None:
     st = _listed(entry, entry.status())
     holder, st = _part_of(entry, st) or (None, st)
     if (holder is None and st.state is State.INCOMPLETE and st.marker is None
-            and holds_records(entry.adapter, entry.path)):
+            and (holds_records(entry.adapter, entry.path)
+                 or holds_recorded_objects(entry.adapter, entry.path))):
         # A folder of entries (`status ROOT`) read as one entry written without durable:
         # "data present but no commit marker" alone sent operators to mark-complete it.
+        # On S3, GCS and Azure the entries may be objects carrying their own records
+        # (atomic_write: `status s3://b/ckpt`), which no records directory shows.
         st = Status(State.INCOMPLETE, f"{st.reason}; entries with records of their own "
                                       f"are inside it: a root? (`durable scan {url}` lists "
                                       "them)", None)
