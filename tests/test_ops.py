@@ -1001,6 +1001,33 @@ def test_clean_judges_leases_written_by_durable_lease(tmp_path: Path) -> None:
     assert Entry(store.url("killed.zarr")).state() is State.ABSENT
 
 
+def test_clean_names_the_holder_of_the_stale_lease_it_takes_over(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """clean's warning on stderr said "took over a stale lease (holder unreadable,
+    unchanged for 10.0 s)" of a lease whose holder its own plan named, watched for its
+    stale_after: the holder and the time watched are said."""
+    import logging
+    import socket
+
+    from durable import Entry, Lease
+
+    store = LocalStore(os.path.realpath(tmp_path))
+    url = store.url("ent.zarr")
+    dead = Lease(url, heartbeat=0.05, stale_after=0.3).acquire()
+    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
+    killed.__enter__().write_bytes("c/0", b"dead writer's")
+    dead._stop.set()  # killed: no more renewals
+    assert dead._thread is not None
+    dead._thread.join()
+    with caplog.at_level(logging.WARNING, logger="durable._lease"):
+        code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    assert code == 0 and [i["status"] for i in doc["items"]] == ["removed"], doc
+    (took,) = [r.getMessage() for r in caplog.records
+               if "took over a stale lease" in r.getMessage()]
+    assert f"held by {socket.gethostname()} pid {os.getpid()}" in took, took
+    assert f"unchanged for {doc['waited']:.1f} s" in took, took
+
+
 def test_verify_root_reports_what_entry_verify_reports(tmp_path: Path) -> None:
     """verify ROOT works from the survey's listing; each entry's report is Entry.verify's."""
     from durable import Entry, atomic_write
