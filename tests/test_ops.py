@@ -157,6 +157,25 @@ def kill_writers(root: str, options: dict[str, Any], entry_names: list[str],
     assert proc.returncode == -signal.SIGKILL
 
 
+#: Writers "killed" in this process, kept referenced: a collected ``writing()`` generator
+#: would clean up after all (GeneratorExit), which a killed process never does.
+_KILLED: list[Any] = []
+
+
+def dead_leased_writer(url: str, *, stale_after: float) -> None:
+    """A writer of ``url`` holding its lease, killed in this process: one object written,
+    no more renewals, nothing cleaned up (its lease and records stay)."""
+    from durable import Entry, Lease
+
+    dead = Lease(url, heartbeat=0.05, stale_after=stale_after).acquire()
+    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
+    killed.__enter__().write_bytes("c/0", b"dead writer's")
+    dead._stop.set()  # killed: no more renewals
+    assert dead._thread is not None
+    dead._thread.join()
+    _KILLED.append(killed)
+
+
 # stores, seen from outside durable --------------------------------------------------------
 class LocalStore:
     kind = "file"
@@ -1009,16 +1028,8 @@ def test_clean_names_the_holder_of_the_stale_lease_it_takes_over(
     import logging
     import socket
 
-    from durable import Entry, Lease
-
     store = LocalStore(os.path.realpath(tmp_path))
-    url = store.url("ent.zarr")
-    dead = Lease(url, heartbeat=0.05, stale_after=0.3).acquire()
-    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
-    killed.__enter__().write_bytes("c/0", b"dead writer's")
-    dead._stop.set()  # killed: no more renewals
-    assert dead._thread is not None
-    dead._thread.join()
+    dead_leased_writer(store.url("ent.zarr"), stale_after=0.3)
     with caplog.at_level(logging.WARNING, logger="durable._lease"):
         code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
     assert code == 0 and [i["status"] for i in doc["items"]] == ["removed"], doc
@@ -1127,12 +1138,7 @@ def test_clean_keeps_the_lease_of_a_writer_that_took_over_while_it_removed_the_d
 
     root = os.path.realpath(tmp_path)
     url = f"{root}/ent.zarr"
-    dead = Lease(url, heartbeat=0.05, stale_after=0.5).acquire()
-    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
-    killed.__enter__().write_bytes("c/0", b"dead writer's")
-    dead._stop.set()  # killed: no more renewals
-    assert dead._thread is not None
-    dead._thread.join()
+    dead_leased_writer(url, stale_after=0.5)
     adapter, path = resolve(root)
     sv = survey(adapter, path)
     report = plan_clean(sv, older_than=0, lease_wait=2.0)
