@@ -374,22 +374,6 @@ def holds_records(adapter: Adapter, folder: str) -> bool:
     return any(not is_lock_sidecar(f"{RECORDS_DIR}/{k}") for k in adapter.list(records))
 
 
-def holds_recorded_objects(adapter: Adapter, folder: str, *,
-                           workers: int = _WORKERS) -> bool:
-    """Whether an object under ``folder`` carries its own commit record (``atomic_write``
-    on S3, GCS, Azure: no records directory, nothing a listing shows): one listing, then
-    one stat per object, in parallel; a folder of more than `SPLIT_LIMIT` objects is not
-    looked into (False), as scan leaves it. On other adapters False, with no request."""
-    if not adapter.capabilities.object_records:
-        return False
-    listing = adapter.list(folder)
-    if not listing or len(listing) > SPLIT_LIMIT:
-        return False
-    stats = stat_objects(adapter, [_join(folder.rstrip("/"), k) for k in listing], workers)
-    return any(not isinstance(st, str) and st is not None and carries_record(st.record)
-               for st in stats)
-
-
 def survey(adapter: Adapter, path: str, *,
            listing: dict[str, ObjectInfo] | None = None) -> Survey:
     """One listing of the root ``path`` (and of the root's own records): the entries in it.
