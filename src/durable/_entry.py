@@ -122,18 +122,18 @@ class Entry:
         """
         return self._read_record(look=False)[0]
 
-    def _read_record(self, *, look: bool = True) -> tuple[Marker | None, ObjectInfo | None,
-                                                           bool]:
+    def _read_record(self, *, look: bool = True, lazy: bool = False
+                     ) -> tuple[Marker | None, ObjectInfo | None, bool]:
         """(record, the object's stat, whether the object was stat-ed) of the entry.
 
         The object is stat-ed (on adapters with ``object_records``) when its own metadata
         could decide: beside a marker of kind "object", beside a marker that cannot be
         read, and (``look``) where there is no marker at all. A marker of kind "prefix"
-        decides alone.
+        decides alone. ``lazy``: as for `_read_sidecar`.
         """
         error: MarkerError | None = None
         try:
-            marker = self._read_sidecar()
+            marker = self._read_sidecar(lazy=lazy)
         except MarkerError as exc:
             marker, error = None, exc
         if self.adapter.capabilities.object_records and (
@@ -148,8 +148,14 @@ class Entry:
             raise error
         return marker, None, False
 
-    def _read_sidecar(self) -> Marker | None:
-        """The commit marker beside the entry with its manifest, None if there is none."""
+    def _read_sidecar(self, *, lazy: bool = False) -> Marker | None:
+        """The commit marker beside the entry with its manifest, None if there is none.
+
+        ``lazy``: an external manifest is fetched, checked and parsed when its objects are
+        first looked at (MarkerError there if it cannot be trusted), not now: for callers
+        that may not look (`status`: the marker's summary answers it), and that look at
+        once or handle a MarkerError where they do.
+        """
         where = self.adapter.url(self.layout.marker)
         try:
             data = self.adapter.read(self.layout.marker, limit=MAX_MARKER_BYTES)
@@ -163,8 +169,6 @@ class Entry:
             raise linked
         marker = Marker.decode(data, where)
         if marker.manifest_ref is not None:
-            # Fetched, checked and parsed when its objects are first looked at: a state()
-            # of a marker that summarises it (`Summary`) never pays for 100,000 records.
             ref = marker.manifest_ref
             mpath = self.layout.external_manifest(ref.key)
             murl = self.adapter.url(mpath)
@@ -185,6 +189,10 @@ class Entry:
                                       "entry removes it)", url=murl)
                 return blob
 
+            if not lazy:
+                return marker.with_external_manifest(fetch(), murl)
+            # A state() of a marker that summarises its manifest (`Summary`) never pays
+            # for 100,000 records.
             marker = marker.with_manifest_from(fetch, murl)
         return marker
 
@@ -305,7 +313,7 @@ class Entry:
             if MARKER_NAME not in records:
                 return self._status_unmarked(leased, records, present=data,
                                              own_attempt=own_attempt)
-        marker, info, looked = self._read_record()
+        marker, info, looked = self._read_record(lazy=True)
         if marker is not None:
             if looked and marker.kind == "object":
                 return self._object_status(marker, info)
@@ -426,7 +434,10 @@ class Entry:
         return self.status().state
 
     def require_complete(self) -> Marker:
-        """The marker of a COMPLETE entry; IncompleteError naming the state otherwise."""
+        """The marker of a COMPLETE entry; IncompleteError naming the state otherwise.
+
+        An external manifest (over 10,000 objects) is fetched, checked and parsed at the
+        first look at its objects: a MarkerError there if it cannot be trusted."""
         st = self.status()
         if st.state is not State.COMPLETE:
             raise IncompleteError(f"{self.url} is {st.state}: {st.reason}"
@@ -494,7 +505,6 @@ class Entry:
             st = self.status()
             raise IncompleteError(f"{self.url} is {st.state}: {st.reason}; nothing to verify",
                                   url=self.url, state=st.state)
-        marker.checked_manifest()  # one that cannot be trusted: nothing of the entry listed
         assert marker.manifest is not None
         report = VerifyReport(self.url, deep)
         if looked and marker.kind == "object":

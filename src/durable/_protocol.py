@@ -579,13 +579,6 @@ class Marker:
             return manifest.objects
         return dataclasses.replace(self, manifest=Manifest(_ExternalObjects(load)))
 
-    def checked_manifest(self) -> Manifest:
-        """The manifest, an external one fetched and checked now (MarkerError if it cannot
-        be trusted): for a caller that must not touch the entry before it is."""
-        assert self.manifest is not None
-        len(self.manifest.objects)
-        return self.manifest
-
     def manifest_loaded(self) -> bool:
         """Whether the manifest is at hand (inline, or external and fetched already)."""
         objects = self.manifest.objects if self.manifest is not None else None
