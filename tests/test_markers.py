@@ -29,6 +29,7 @@ from durable import (
     read_verified,
 )
 from durable._protocol import MAX_MARKER_BYTES
+from durable._scan import scan
 
 MARKER = ".durable/ent/commit.json"
 OBJECTS = {"a": b"object a", "b/c": b"object b/c"}
@@ -625,6 +626,13 @@ def test_a_summarised_marker_refuses_a_hostile_external_manifest_where_it_is_use
         err = refused(place, call)
         assert isinstance(err, IntegrityError) and isinstance(err, ValueError)
         assert err.url is not None and place.canonical(".durable", "ent") in err.url
+    # A scan (and verify of the root) reads every manifest: this one is the entry's
+    # ERROR row, and the scan goes on (a MarkerError of a manifest read lazily, outside
+    # the reads that make such rows, ended the whole scan).
+    rows = {r.url: r for r in scan(place.url())}
+    assert rows[place.canonical("ent")].state == "ERROR"
+    assert "MarkerError" in rows[place.canonical("ent")].reason
+    assert rows[place.canonical("sibling")].state == "COMPLETE"
     with e.writing(overwrite=True) as w:  # the way out: nothing of the manifest followed
         w.write_bytes("a", b"new")
     assert e.verify(deep=True).ok and e.verify().objects == 1
