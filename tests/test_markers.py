@@ -29,6 +29,7 @@ from durable import (
     read_verified,
 )
 from durable._protocol import MAX_MARKER_BYTES
+from durable._scan import scan
 
 MARKER = ".durable/ent/commit.json"
 OBJECTS = {"a": b"object a", "b/c": b"object b/c"}
@@ -116,6 +117,26 @@ def external_with(**fields: Any) -> Callable[[Place, Doc], Doc]:
     return change
 
 
+def summarised(place: Place, doc: Doc, blob_doc: Doc | None = None) -> Doc:
+    """`external`, with the summary a writer now puts beside a manifest_ref (count,
+    total_size, and ``ends``: the records of the first and last keys) from ``doc``'s own
+    manifest, whatever the external one (``blob_doc``) holds."""
+    manifest = doc["manifest"]
+    doc, _ = external(place, doc, blob_doc)
+    keys = sorted(manifest)
+    doc.update(count=len(manifest), total_size=sum(r["size"] for r in manifest.values()),
+               ends={k: manifest[k] for k in (keys[0], keys[-1])})
+    return doc
+
+
+def with_summary(**fields: Any) -> Callable[[Place, Doc], Doc]:
+    def change(place: Place, doc: Doc) -> Doc:
+        doc = summarised(place, doc)
+        doc.update(fields)
+        return doc
+    return change
+
+
 PAD = "x" * (5 * 1024 * 1024)
 HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "bad json": b'{"format": "durable.commit", "version": 1,',
@@ -193,6 +214,16 @@ HOSTILE: dict[str, Callable[[Place, Doc], Doc | bytes] | bytes] = {
     "size twice": lambda place, doc: duplicated(
         doc["manifest"]["a"], "size", doc["manifest"]["a"]["size"], within=doc,
         at="manifest.a"),
+    # The summary of an external manifest is checked as a manifest is, at decode.
+    "ends beside an inline manifest": with_field(ends={"a": {"size": 8, "crc32c": "00000000"}}),
+    "ends with a .. key": with_summary(ends={"../sentinel": {"size": 1, "crc32c": "00000000"}}),
+    "ends with a bad record": with_summary(ends={"a": {"size": -1, "crc32c": "00000000"}}),
+    "ends not an object": with_summary(ends=["a", "b/c"]),
+    "ends of three records": lambda place, doc: with_summary(ends={
+        k: {"size": 1, "crc32c": "00000000"} for k in ("a", "b", "c")})(place, doc),
+    "ends without count": lambda place, doc: {k: v for k, v in summarised(place, doc).items()
+                                              if k != "count"},
+    "ends with a total_size as string": with_summary(total_size="18"),
     "external with a key twice": lambda place, doc: _external_raw(
         place, doc, duplicated({"format": "durable.commit.manifest",
                                 "attempt": doc["attempt"], "manifest": doc["manifest"]},
@@ -527,3 +558,147 @@ def test_a_records_tail_is_optional_and_kept_only_under_the_residue() -> None:
     assert (found.size, found.crc32c) == (rec.size, rec.crc32c)  # the same without it
     assert not rec.matches(found) and rec.matches(rec)
     assert ObjectRecord(rec.size, rec.crc32c).matches(found)  # no tail: nothing to say
+
+
+def _summarised_raw(place: Place, doc: Doc, blob: bytes) -> Doc:
+    """A summarised marker (of ``doc``'s manifest) whose external manifest is ``blob``."""
+    manifest = doc["manifest"]
+    doc = _external_raw(place, doc, blob)
+    keys = sorted(manifest)
+    doc.update(count=len(manifest), total_size=sum(r["size"] for r in manifest.values()),
+               ends={k: manifest[k] for k in (keys[0], keys[-1])})
+    return doc
+
+
+def _extra(doc: Doc, **more: Any) -> Doc:
+    """``doc``'s manifest as an external manifest's document, with ``more`` records."""
+    return {"format": "durable.commit.manifest", "attempt": doc["attempt"],
+            "manifest": {**doc["manifest"], **more}}
+
+
+_REC_17 = {"size": 17, "crc32c": "00000000"}
+# A marker that decodes, with a summary that matches the data, over an external manifest
+# that cannot be trusted: state() judges the data by the summary; every use of the
+# manifest's content must refuse it.
+LAZY_HOSTILE: dict[str, Callable[[Place, Doc], Doc]] = {
+    "wrong crc": lambda place, doc: {**summarised(place, doc), "manifest_ref": {
+        **summarised(place, doc)["manifest_ref"], "crc32c": "00000000"}},
+    "of another attempt": lambda place, doc: summarised(
+        place, doc, {**_extra(doc), "attempt": "0" * 32}),
+    "with a .. key": lambda place, doc: summarised(
+        place, doc, _extra(doc, **{"../sentinel": _REC_17})),
+    "not an object": lambda place, doc: summarised(place, doc, {**_extra(doc),
+                                                                "manifest": ["a"]}),
+    "with a key twice": lambda place, doc: _summarised_raw(place, doc, duplicated(
+        _extra(doc), "attempt", doc["attempt"])),
+    # The summary disagreeing with the manifest it summarises, in each of its fields.
+    "another count": lambda place, doc: {**summarised(place, doc), "count": 3},
+    "another total_size": lambda place, doc: {**summarised(place, doc), "total_size": 1},
+    "other ends": lambda place, doc: {**summarised(place, doc, _extra(doc, **{"b/d": _REC_17})),
+                                      "count": 3, "total_size": 18 + 17},
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAZY_HOSTILE))
+def test_a_summarised_marker_refuses_a_hostile_external_manifest_where_it_is_used(
+        entry: tuple[Place, Entry, Doc], case: str) -> None:
+    """state() of a marker that summarises its external manifest looks at the summary's
+    two objects and the manifest's size, not its content (a 100,000-object manifest took
+    0.3-1.2 s to fetch and parse at every state()). The manifest is checked wherever its
+    content is used: a hostile or corrupt one, or one its summary does not describe, is a
+    MarkerError there, and nothing outside the entry is touched."""
+    place, e, doc = entry
+    place.write(MARKER, json.dumps(LAZY_HOSTILE[case](place, copy.deepcopy(doc))).encode())
+    assert e.state() is State.COMPLETE
+
+    def read_through_reader() -> bytes:
+        with e.reading() as r:
+            return r.read("a")
+
+    def manifest_of_read_marker() -> object:
+        marker = e.read_marker()
+        assert marker is not None and marker.manifest is not None
+        return dict(marker.manifest.objects)
+
+    for call in (e.verify, lambda: e.verify(deep=True), read_through_reader,
+                 manifest_of_read_marker, lambda: read_verified(place.url("ent", "a")),
+                 lambda: read_verified(place.url("ent", "b", "c"))):
+        err = refused(place, call)
+        assert isinstance(err, IntegrityError) and isinstance(err, ValueError)
+        assert err.url is not None and place.canonical(".durable", "ent") in err.url
+    # A scan (and verify of the root) reads every manifest: this one is the entry's
+    # ERROR row, and the scan goes on (a MarkerError of a manifest read lazily, outside
+    # the reads that make such rows, ended the whole scan).
+    rows = {r.url: r for r in scan(place.url())}
+    assert rows[place.canonical("ent")].state == "ERROR"
+    assert "MarkerError" in rows[place.canonical("ent")].reason
+    assert rows[place.canonical("sibling")].state == "COMPLETE"
+    with e.writing(overwrite=True) as w:  # the way out: nothing of the manifest followed
+        w.write_bytes("a", b"new")
+    assert e.verify(deep=True).ok and e.verify().objects == 1
+    assert place.read("sentinel") == b"outside the entry"
+    assert Entry(place.url("sibling")).verify(deep=True).ok
+
+
+@pytest.mark.parametrize("case", ["missing", "of another size"])
+def test_a_summarised_marker_whose_manifest_is_gone_or_resized_is_an_error(
+        entry: tuple[Place, Entry, Doc], case: str) -> None:
+    """state() stats the external manifest it does not read: a marker whose manifest is
+    missing or not of the recorded size is a MarkerError, as when it was read whole."""
+    place, e, doc = entry
+    ext = summarised(place, copy.deepcopy(doc))
+    place.write(MARKER, json.dumps(ext).encode())
+    assert e.state() is State.COMPLETE
+    name = f".durable/ent/{ext['manifest_ref']['key']}"
+    if case == "missing":
+        _rm_ext(place, ext)
+        match = "external manifest is missing"
+    else:
+        place.write(name, b"{}")
+        match = f"recorded (an external manifest of )?{ext['manifest_ref']['size']} bytes"
+    for call in (e.state, e.status, e.verify):
+        with pytest.raises(MarkerError, match=match) as info:
+            call()
+        assert info.value.url == place.canonical(name)
+
+
+def test_state_of_a_summarised_marker_never_opens_the_external_manifest(
+        tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a writer commits for a large entry summarises its manifest (count, total_size,
+    ends), the summary agrees with it, and state() opens the marker, not the manifest;
+    verify() reads it. A marker without the summary (written before it) still reads."""
+    import durable._protocol as protocol
+
+    global _touched
+    monkeypatch.setattr(protocol, "INLINE_MANIFEST_OBJECTS", 3)
+    e = Entry(os.path.join(os.path.realpath(tmp_path), "ent"))
+    data = {f"k/{i}": bytes([i]) * (i + 1) for i in range(6)}
+    with e.writing() as w:
+        for k, v in data.items():
+            w.write_bytes(k, v)
+    records = os.path.join(os.path.realpath(tmp_path), ".durable", "ent")
+    with open(os.path.join(records, "commit.json"), "rb") as f:
+        doc = json.load(f)
+    manifest_path = os.path.join(records, doc["manifest_ref"]["key"])
+    with open(manifest_path, "rb") as f:
+        manifest = json.load(f)["manifest"]
+    assert doc["ends"] == {k: manifest[k] for k in ("k/0", "k/5")}
+    assert (doc["count"], doc["total_size"]) == (6, sum(map(len, data.values())))
+
+    def opened(call: Callable[[], object]) -> list[str]:
+        global _touched
+        _touched = []
+        try:
+            call()
+        finally:
+            touched, _touched = _touched, None
+        return [os.path.normpath(p) for p in touched]
+
+    assert manifest_path not in opened(lambda: e.state() is State.COMPLETE or 1 / 0)
+    assert manifest_path in opened(lambda: e.verify(deep=True))
+    old = {k: v for k, v in doc.items() if k not in ("ends", "count", "total_size")}
+    os.remove(os.path.join(records, "commit.json"))
+    with open(os.path.join(records, "commit.json"), "w") as f:
+        json.dump(old, f)
+    assert manifest_path in opened(lambda: e.state() is State.COMPLETE or 1 / 0)
+    assert e.verify(deep=True).objects == 6

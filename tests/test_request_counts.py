@@ -57,6 +57,31 @@ def test_a_fresh_entry_write_on_s3(s3_bucket: Bucket,
     assert _counts(proxy) == {"GET": 1, "HEAD": 2}
 
 
+def test_state_of_an_entry_with_an_external_manifest_on_s3(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """state() of an entry whose manifest is external (over 10,000 objects; here 6) GETs
+    the marker and HEADs the manifest and its first and last objects, named by the
+    marker's summary: it no longer GETs the manifest (5.4 MB for 100,000 objects, parsed
+    at every state()). verify() still does, once."""
+    import durable._protocol as protocol
+
+    proxy, options = proxied
+    monkeypatch.setattr(protocol, "INLINE_MANIFEST_OBJECTS", 3)
+    entry = durable.Entry(s3_bucket.path("wide"), storage_options=options)
+    with entry.writing() as w:
+        for i in range(6):
+            w.write_bytes(f"k/{i}", b"x" * (i + 1))
+    proxy.clear_requests()
+    assert entry.state() is durable.State.COMPLETE
+    manifest = [r for r in proxy.requests if "/manifest-" in r.path]
+    assert _counts(proxy) == {"GET": 1, "HEAD": 3}
+    assert [r.method for r in manifest] == ["HEAD"]
+    assert entry.verify().objects == 6
+    # The marker and the manifest (the data's sizes from one LIST).
+    assert _counts(proxy) == {"GET": 2, "LIST": 1}
+
+
 def test_a_zarr_write_on_s3_adds_a_fixed_number_of_requests(
         s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
     import durable.zarr as dz

@@ -261,10 +261,15 @@ def _check_and_clear(entry: Entry, keep_lease: bool, *, overwrite: bool, resume:
 def _clear(entry: Entry, marker: Marker | None = None) -> None:
     """Remove the entry's data and records for a writer starting over it. ``marker``:
     the entry's, if it was read: its manifest names the documents to remove first."""
+    keys = None
+    if marker is not None and marker.manifest is not None:
+        # Before the marker goes: an external manifest is fetched at this first look, and
+        # one that cannot be trusted names nothing to remove first (the tree is listed).
+        with contextlib.suppress(MarkerError):
+            keys = list(marker.manifest.objects)
     # Marker first: from here on nobody can take this entry for COMPLETE.
     entry.adapter.delete([entry.layout.marker])
-    delete_tree(entry.adapter, entry.path, None if marker is None or marker.manifest is None
-                else list(marker.manifest.objects))
+    delete_tree(entry.adapter, entry.path, keys)
     clear_records(entry)
 
 

@@ -121,18 +121,18 @@ class Entry:
         """
         return self._read_record(look=False)[0]
 
-    def _read_record(self, *, look: bool = True) -> tuple[Marker | None, ObjectInfo | None,
-                                                           bool]:
+    def _read_record(self, *, look: bool = True, lazy: bool = False
+                     ) -> tuple[Marker | None, ObjectInfo | None, bool]:
         """(record, the object's stat, whether the object was stat-ed) of the entry.
 
         The object is stat-ed (on adapters with ``object_records``) when its own metadata
         could decide: beside a marker of kind "object", beside a marker that cannot be
         read, and (``look``) where there is no marker at all. A marker of kind "prefix"
-        decides alone.
+        decides alone. ``lazy``: as for `_read_sidecar`.
         """
         error: MarkerError | None = None
         try:
-            marker = self._read_sidecar()
+            marker = self._read_sidecar(lazy=lazy)
         except MarkerError as exc:
             marker, error = None, exc
         if self.adapter.capabilities.object_records and (
@@ -147,8 +147,14 @@ class Entry:
             raise error
         return marker, None, False
 
-    def _read_sidecar(self) -> Marker | None:
-        """The commit marker beside the entry with its manifest, None if there is none."""
+    def _read_sidecar(self, *, lazy: bool = False) -> Marker | None:
+        """The commit marker beside the entry with its manifest, None if there is none.
+
+        ``lazy``: an external manifest is fetched, checked and parsed when its objects are
+        first looked at (MarkerError there if it cannot be trusted), not now: for callers
+        that may not look (`status`: the marker's summary answers it), and that look at
+        once or handle a MarkerError where they do.
+        """
         where = self.adapter.url(self.layout.marker)
         try:
             data = self.adapter.read(self.layout.marker, limit=MAX_MARKER_BYTES)
@@ -162,22 +168,31 @@ class Entry:
             raise linked
         marker = Marker.decode(data, where)
         if marker.manifest_ref is not None:
-            mpath = self.layout.external_manifest(marker.manifest_ref.key)
+            ref = marker.manifest_ref
+            mpath = self.layout.external_manifest(ref.key)
             murl = self.adapter.url(mpath)
-            try:
-                # Limited to the size the marker recorded, not to any manifest's 1 GiB: a
-                # larger file is refused from its stat, before a byte of it is read.
-                blob = self.adapter.read(mpath, limit=marker.manifest_ref.size)
-            except ValueError as exc:
-                raise MarkerError(
-                    f"{murl}: the marker recorded an external manifest of "
-                    f"{marker.manifest_ref.size} bytes; "
-                    + (str(exc).replace(murl, "this one") if murl in str(exc) else str(exc)),
-                    url=murl, expected=marker.manifest_ref.size) from None
-            if blob is None:
-                raise MarkerError(f"{murl}: the marker's external manifest is missing",
-                                  url=murl)
-            marker = marker.with_external_manifest(blob, murl)
+
+            def fetch() -> bytes:
+                try:
+                    # Limited to the size the marker recorded, not to any manifest's 1 GiB:
+                    # a larger file is refused from its stat, before a byte of it is read.
+                    blob = self.adapter.read(mpath, limit=ref.size)
+                except ValueError as exc:
+                    raise MarkerError(
+                        f"{murl}: the marker recorded an external manifest of {ref.size} "
+                        "bytes; " + (str(exc).replace(murl, "this one") if murl in str(exc)
+                                     else str(exc)), url=murl, expected=ref.size) from None
+                if blob is None:
+                    raise MarkerError(f"{murl}: the marker's external manifest is missing "
+                                      "(removed since the marker was read? a rewrite of the "
+                                      "entry removes it)", url=murl)
+                return blob
+
+            if not lazy:
+                return marker.with_external_manifest(fetch(), murl)
+            # A state() of a marker that summarises its manifest (`Summary`) never pays
+            # for 100,000 records.
+            marker = marker.with_manifest_from(fetch, murl)
         return marker
 
     def linked_records(self) -> MarkerError | None:
@@ -215,17 +230,27 @@ class Entry:
 
         Checks the first and last objects of the manifest (two stats, whatever the size of
         the entry): enough to see data deleted by another tool. `verify` checks them all.
+        Where the marker summarises an external manifest not fetched yet, the summary
+        names them, and the manifest is only stat-ed (MarkerError if it is missing or of
+        another size than recorded): its content is checked where it is used.
         """
-        assert marker.manifest is not None
-        keys = sorted(marker.manifest.objects)
-        for key in {keys[0], keys[-1]} if keys else ():
-            path = self._object_path(key, marker)
+        ends = sorted(marker.ends().items())
+        paths: list[str | None] = []
+        for key, _ in ends:
             head, sep, rest = key.partition("/")
             # Through a symlinked folder of the entry it is missing, as every listing of
             # the entry (`verify`, `scan`, `durable status`) finds it: never followed.
             linked = sep and self.adapter.through_link(f"{self.path}/{head}", rest)
-            info = None if linked else self.adapter.info(path)
-            want = marker.manifest.objects[key].size
+            paths.append(None if linked else self._object_path(key, marker))
+        ref = marker.manifest_ref if not marker.manifest_loaded() else None
+        if ref is not None:
+            paths.append(self.layout.external_manifest(ref.key))
+        infos = self._stats(paths)
+        if ref is not None:
+            self._check_manifest_stat(ref.key, ref.size, infos.pop())
+        for (key, rec), info in zip(ends, infos, strict=True):
+            path = self._object_path(key, marker)
+            want = rec.size
             if info is None:
                 found = missing(self.adapter, path)
                 return (f"{self.adapter.url(path)} is listed in the marker but "
@@ -234,6 +259,28 @@ class Entry:
                 return (f"{self.adapter.url(path)} is {info.size} bytes, the marker recorded "
                         f"{want}")
         return None
+
+    def _stats(self, paths: list[str | None]) -> list[ObjectInfo | None]:
+        """The stat of each path (None: not asked, taken as missing); on a store across a
+        network all at once, one round trip instead of one each."""
+        asked = [p for p in paths if p is not None]
+        if len(asked) > 1 and not self.adapter.capabilities.in_process:
+            with ThreadPoolExecutor(len(asked)) as pool:
+                found = iter(list(pool.map(self.adapter.info, asked)))
+        else:
+            found = iter([self.adapter.info(p) for p in asked])
+        return [None if p is None else next(found) for p in paths]
+
+    def _check_manifest_stat(self, key: str, size: int, info: ObjectInfo | None) -> None:
+        """MarkerError for an external manifest missing, or not of the recorded size (as
+        its read would find it), from its stat."""
+        murl = self.adapter.url(self.layout.external_manifest(key))
+        if info is None:
+            raise MarkerError(f"{murl}: the marker's external manifest is missing", url=murl)
+        if info.size != size:
+            raise MarkerError(f"{murl}: the marker recorded an external manifest of {size} "
+                              f"bytes; this one is {info.size} bytes", url=murl,
+                              expected=size, found=info.size)
 
     def status(self) -> Status:
         return self._status()
@@ -265,7 +312,7 @@ class Entry:
             if MARKER_NAME not in records:
                 return self._status_unmarked(leased, records, present=data,
                                              own_attempt=own_attempt)
-        marker, info, looked = self._read_record()
+        marker, info, looked = self._read_record(lazy=True)
         if marker is not None:
             if looked and marker.kind == "object":
                 return self._object_status(marker, info)
@@ -386,7 +433,10 @@ class Entry:
         return self.status().state
 
     def require_complete(self) -> Marker:
-        """The marker of a COMPLETE entry; IncompleteError naming the state otherwise."""
+        """The marker of a COMPLETE entry; IncompleteError naming the state otherwise.
+
+        An external manifest (over 10,000 objects) is fetched, checked and parsed at the
+        first look at its objects: a MarkerError there if it cannot be trusted."""
         st = self.status()
         if st.state is not State.COMPLETE:
             raise IncompleteError(f"{self.url} is {st.state}: {st.reason}"

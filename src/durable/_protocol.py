@@ -29,12 +29,14 @@ discovery and globbing of ``*.zarr`` from picking the records up.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import enum
 import json
 import os
 import re
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +57,7 @@ __all__ = [
     "Marker",
     "ObjectRecord",
     "State",
+    "Summary",
     "attempt_folders",
     "carries_record",
     "check_key",
@@ -324,6 +327,97 @@ class ManifestRef:
 
 
 @dataclass(frozen=True)
+class Summary:
+    """What a marker with an external manifest says of it (``count``, ``total_size`` and
+    ``ends``: the records of its first and last keys in key order), so that `state()`
+    stats those two objects without fetching and parsing the manifest (5 MB, 0.3 s for
+    100,000 objects). Checked against the manifest whenever the manifest is read: one
+    that disagrees is a MarkerError there."""
+
+    count: int
+    total_size: int
+    ends: Mapping[str, ObjectRecord]
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> Summary:
+        objects = manifest.objects
+        keys = {min(objects), max(objects)} if objects else set()
+        return cls(len(objects), manifest.total_size, {k: objects[k] for k in keys})
+
+    def check(self, manifest: Manifest, where: str) -> None:
+        found = Summary.of(manifest)
+        for what, said, was in (("count", self.count, found.count),
+                                ("total_size", self.total_size, found.total_size),
+                                ("ends", dict(self.ends), dict(found.ends))):
+            if said != was:
+                # A marker whose summary is not its manifest: state() judged the data by
+                # objects (or sizes) the manifest does not hold where they are.
+                raise MarkerError(
+                    f"{where}: the marker's summary says {what} {_said(said)}, the external "
+                    f"manifest has {_said(was)}: they must agree", url=where,
+                    expected=_said(said), found=_said(was))
+
+
+def _said(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r:.80}: {r.size} bytes, CRC32C {r.checksum_text()}"
+                               for k, r in sorted(value.items())) + "}"
+    return str(value)
+
+
+class _ExternalObjects(Mapping[str, ObjectRecord]):
+    """The objects of an external manifest, fetched, checked and parsed when first looked
+    at (once: later looks share the result): a caller asking only whether the entry is
+    COMPLETE never pays for them. ``load`` raises MarkerError for a manifest that cannot
+    be trusted, at every look until one succeeds: its content is never used unchecked."""
+
+    def __init__(self, load: Callable[[], Mapping[str, ObjectRecord]]) -> None:
+        self._load = load
+        self._objects: Mapping[str, ObjectRecord] | None = None
+        self._lock = threading.Lock()  # threads of one zarr read looking at once: one GET
+
+    @property
+    def loaded(self) -> bool:
+        return self._objects is not None
+
+    def _get(self) -> Mapping[str, ObjectRecord]:
+        objects = self._objects
+        if objects is None:
+            with self._lock:
+                if self._objects is None:
+                    self._objects = self._load()
+                objects = self._objects
+        return objects
+
+    def __getitem__(self, key: str) -> ObjectRecord:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._get()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._get().get(key, default)
+
+    def items(self) -> Any:
+        return self._get().items()
+
+    def keys(self) -> Any:
+        return self._get().keys()
+
+    def values(self) -> Any:
+        return self._get().values()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (dict(self._get()),)  # a lock and a closure do not pickle
+
+
+@dataclass(frozen=True)
 class Marker:
     """The commit record. Valid only as a whole: any field out of place is a MarkerError."""
 
@@ -334,6 +428,7 @@ class Marker:
     manifest_ref: ManifestRef | None = None
     writer: Mapping[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    summary: Summary | None = None
 
     @classmethod
     def new(cls, kind: Kind, attempt: str, manifest: Manifest) -> Marker:
@@ -368,6 +463,8 @@ class Marker:
         key = f"manifest-{self.attempt}.json"
         doc["manifest_ref"] = {"key": key, "size": len(blob),
                                "crc32c": crc_to_hex(crc32c(blob))}
+        # Optional (a reader that does not know it fetches the manifest, as before).
+        doc["ends"] = {k: r.to_json() for k, r in sorted(Summary.of(self.manifest).ends.items())}
         return _dumps(doc), (key, blob)
 
     @classmethod
@@ -428,8 +525,11 @@ class Marker:
         else:
             raise MarkerError(f"{where}: marker has neither 'manifest' nor 'manifest_ref'",
                               url=where)
+        summary = None
+        if "ends" in doc:
+            summary = _summary(doc, where, kind, external=ref is not None)
         return cls(kind=kind, attempt=attempt, committed_at=committed_at, manifest=manifest,
-                   manifest_ref=ref, writer=writer, version=version)
+                   manifest_ref=ref, writer=writer, version=version, summary=summary)
 
     def to_metadata(self) -> dict[str, str]:
         """The record of a single-object entry as object metadata (see `from_metadata`)."""
@@ -485,6 +585,30 @@ class Marker:
                    manifest=Manifest({"": ObjectRecord(int(size_text), crc)}),
                    version=version)
 
+    def with_manifest_from(self, fetch: Callable[[], bytes], where: str) -> Marker:
+        """This marker with its external manifest fetched (``fetch``: its bytes, bounded;
+        ``where``: its URL), checked and parsed when its objects are first looked at, not
+        now (`_ExternalObjects`)."""
+        def load() -> Mapping[str, ObjectRecord]:
+            manifest = self.with_external_manifest(fetch(), where).manifest
+            assert manifest is not None
+            return manifest.objects
+        return dataclasses.replace(self, manifest=Manifest(_ExternalObjects(load)))
+
+    def manifest_loaded(self) -> bool:
+        """Whether the manifest is at hand (inline, or external and fetched already)."""
+        objects = self.manifest.objects if self.manifest is not None else None
+        return objects is not None and not (isinstance(objects, _ExternalObjects)
+                                            and not objects.loaded)
+
+    def ends(self) -> Mapping[str, ObjectRecord]:
+        """The records of the manifest's first and last keys (in key order): the summary's
+        while the external manifest is not fetched, else the manifest's own."""
+        if self.summary is not None and not self.manifest_loaded():
+            return self.summary.ends
+        assert self.manifest is not None
+        return Summary.of(self.manifest).ends
+
     def with_external_manifest(self, data: bytes, where: str) -> Marker:
         """Attach the external manifest after checking it is the one the marker names."""
         ref = self.manifest_ref
@@ -502,9 +626,9 @@ class Marker:
             raise MarkerError(f"{where}: external manifest belongs to attempt "
                               f"{doc.get('attempt')!r:.40}, not {self.attempt}", url=where)
         manifest = Manifest.from_json(doc.get("manifest"), where, self.kind)
-        return Marker(kind=self.kind, attempt=self.attempt, committed_at=self.committed_at,
-                      manifest=manifest, manifest_ref=ref, writer=self.writer,
-                      version=self.version)
+        if self.summary is not None:
+            self.summary.check(manifest, where)
+        return dataclasses.replace(self, manifest=manifest)
 
 
 @dataclass(frozen=True)
@@ -608,6 +732,29 @@ def writer_info() -> dict[str, Any]:
 def attempt_record_bytes(attempt: str) -> bytes:
     return _dumps({"format": FORMAT + ".attempt", "attempt": attempt, "started_at": utc_now(),
                    "writer": writer_info()})
+
+
+def _summary(doc: dict[str, Any], where: str, kind: Kind, *, external: bool) -> Summary:
+    """The marker's summary of its external manifest (`Summary`), checked as a manifest."""
+    if not external:
+        # Beside an inline manifest it would be a second account of the objects: which
+        # one a reader trusts must never be a choice.
+        raise MarkerError(f"{where}: 'ends' belongs only beside 'manifest_ref'", url=where)
+    counts: list[int] = []
+    for name in ("count", "total_size"):
+        value = doc.get(name)
+        if type(value) is not int or value < 0 or value.bit_length() > 96:
+            raise MarkerError(f"{where}: a marker with 'ends' needs '{name}', a non-negative "
+                              f"integer, got {value!r:.40}", url=where, expected=name,
+                              found=f"{value!r:.40}")
+        counts.append(value)
+    ends = doc["ends"]
+    if not isinstance(ends, dict) or len(ends) > 2:
+        raise MarkerError(f"{where}: 'ends' must be a JSON object of at most 2 records (the "
+                          "manifest's first and last keys)", url=where)
+    where_ends = f"{where} ends"
+    objects = Manifest.from_json(ends, where_ends, kind).objects if ends else {}
+    return Summary(counts[0], counts[1], objects)
 
 
 def _dumps(doc: Any) -> bytes:

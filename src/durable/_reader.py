@@ -164,7 +164,8 @@ class EntryReader:
         """The error for a rewrite since this reader's marker was read; None if the entry
         still holds that commit (or its marker cannot be read: no rewrite shown)."""
         try:
-            now = self.entry.read_marker()
+            # Its attempt alone: an external manifest is not fetched for it.
+            now = self.entry._read_record(look=False, lazy=True)[0]
         except (OSError, DurableError):
             return None
         if now is not None and now.attempt == self.marker.attempt:

@@ -420,7 +420,8 @@ class VerifyingStore(WrapperStore[Store]):
     def _rewritten(self, key: str) -> IntegrityError | None:
         """The error for a read of ``key`` after the entry was committed again (or while it
         is being rewritten: no marker); None while the marker is the commit opened."""
-        marker = self._entry_of().read_marker()
+        # Its attempt alone: an external manifest is not fetched (and parsed) for it.
+        marker = self._entry_of()._read_record(look=False, lazy=True)[0]
         if marker is not None and marker.attempt == self._attempt:
             return None
         now = "no commit (being rewritten)" if marker is None else f"commit {marker.attempt}"
