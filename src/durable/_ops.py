@@ -41,6 +41,7 @@ from durable._pool import bounded_map
 from durable._protocol import (
     LEASE_NAME,
     MARKER_NAME,
+    META_RECORD_FOLLOWS,
     RECORDS_DIR,
     Marker,
     ObjectRecord,
@@ -80,6 +81,10 @@ TRUST = ("mark-complete TRUSTS what it adopts: each entry is recorded as whole e
          "under the root (stop every writer first), and delete any entry you doubt.")
 _OWN_RECORD = ("one object carrying its commit record in its own metadata (written by "
                "atomic_write in one request): COMPLETE, never a leftover")
+_RECORD_NEVER_FOLLOWED = (
+    "published by a durable writer whose commit marker never followed (killed between the "
+    "two, or at it now): nothing checked these bytes after their upload, so they are not "
+    "adopted as data written before durable; write it again, or delete it")
 #: How durable starts every multipart upload (durable.adapters.s3): recognisably ours.
 DURABLE_UPLOAD_CHECKSUM = "CRC32C"
 
@@ -113,6 +118,10 @@ def _kept_for(st: Stat) -> str | None:
     could not be stat-ed (unknown is kept); None for plain data or an object gone."""
     if isinstance(st, str):
         return f"could not be stat-ed to see whether it carries its own commit record ({st}): kept"
+    if st is not None and st.record is not None and META_RECORD_FOLLOWS in st.record \
+            and not carries_record(st.record):
+        # Adopted, bytes nothing checked after their upload would read COMPLETE.
+        return _RECORD_NEVER_FOLLOWED
     return _OWN_RECORD if st is not None and carries_record(st.record) else None
 
 

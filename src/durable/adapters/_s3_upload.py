@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from durable._checksum import Checksum, crc32c, crc_to_b64
 from durable._errors import IntegrityError
+from durable._protocol import META_RECORD_FOLLOWS
 from durable.adapters._s3_http import MULTIPART_ETAG, etag, failure
 from durable.adapters.base import AtomicFile, ObjectInfo
 
@@ -134,8 +135,12 @@ class S3AtomicFile(AtomicFile):
         implemented is asked again without it, and never sent it again (`_full`)."""
         kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key,
                                   "ChecksumAlgorithm": "CRC32C"}
-        if self._token is not None:
-            kwargs["Metadata"] = self._token
+        # Published before its marker: killed in between, the object must not read as
+        # data written before durable (adopted by `durable mark-complete`, unchecked).
+        metadata = {**(self._token or {}),
+                    **({META_RECORD_FOLLOWS: "marker"} if self.record_follows else {})}
+        if metadata:
+            kwargs["Metadata"] = metadata
         self._full = self._a.full_object_checksum and self._a.refusal(FULL_OBJECT) is None
         full: dict[str, Any] = {"ChecksumType": "FULL_OBJECT"} if self._full else {}
         try:

@@ -127,6 +127,10 @@ class AtomicFile(io.RawIOBase):
         self.on_drop: Callable[[AtomicFile], None] | None = None
         #: Durable record fields for the object's own metadata, given to `commit`.
         self.record: Mapping[str, str] | None = None
+        #: Set (before the first write) by a writer that records the object with a marker
+        #: after it when it cannot carry its record: an adapter that publishes it without
+        #: one (an S3 multipart upload) marks it so (`durable._protocol.META_RECORD_FOLLOWS`).
+        self.record_follows = False
         #: (the object's URL, how to allow it): `commit` refuses bytes that are an object
         #: store's error document (`refuse_error_documents`); None: no such check.
         self.error_document_check: tuple[str, str] | None = None
