@@ -26,6 +26,7 @@ from durable import (
 from durable import _background as background
 from durable._checksum import crc32c
 from durable._fragments import FragmentRecorder
+from durable._scan import scan
 from durable.adapters import _s3_light, adapter_for_fs
 from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
 from durable.testing import faults
@@ -327,3 +328,54 @@ def test_a_listing_that_lags_a_workers_writes_neither_fails_nor_shortens_a_commi
     proxy.clear()
     report = entry.verify(deep=True)
     assert report.objects == 2 and not report.problems
+
+
+# --- listings without ETags ----------------------------------------------------------------
+
+def _listing(request: faults.RequestInfo) -> bool:
+    return request.method == "GET" and "list-type" in request.query
+
+
+def _no_etags(body: bytes) -> bytes:
+    return re.sub(rb"<ETag>[^<]*</ETag>", b"", body)
+
+
+def test_a_listing_without_etags_is_completed_by_heads(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], boto: Any) -> None:
+    """A gateway whose ListObjectsV2 leaves the ETags off: every commit, verify and scan of
+    an entry was refused ("no usable ETag"). Each object listed so is stat-ed (HEAD), and
+    its ETag still pins reads and catches an object replaced behind the listing."""
+    proxy, options = store
+    proxy.add(faults.rewrite_body(_no_etags, match=Match(where=_listing)))
+    url = s3_bucket.path("ent")
+    data = {f"c/{i}": os.urandom(1000 + i) for i in range(3)}
+    with Entry(url, storage_options=options).writing() as w:
+        for k, v in data.items():
+            w.write_bytes(k, v)
+    listings = [r for r in proxy.requests if r.method == "GET" and "list-type" in r.query]
+    assert listings and all("rewrite_body" in r.faults for r in listings)
+    e = Entry(url, storage_options=options)
+    assert e.state() is State.COMPLETE
+    assert e.verify(deep=True).ok
+    assert read_verified(s3_bucket.path("ent", "c/1"), storage_options=options) == data["c/1"]
+    (row,) = scan(url, storage_options=options)
+    assert row.state == "COMPLETE"
+    adapter = _in_parts(options)
+    listed = adapter.list(f"{s3_bucket.name}/ent")["c/2"]
+    boto.put_object(Bucket=s3_bucket.name, Key="ent/c/2", Body=b"other bytes")
+    with pytest.raises(IntegrityError, match="replaced since it was listed"):
+        adapter.read_range(listed.path, listed, 0, 10)
+
+
+def test_a_listing_and_head_without_etags_is_a_clear_error(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]]) -> None:
+    proxy, options = store
+    with atomic_write(s3_bucket.path("d", "obj.bin"), storage_options=options) as f:
+        f.write(b"payload")
+    proxy.add(faults.rewrite_body(_no_etags, match=Match(where=_listing)))
+    proxy.add(faults.rewrite_etag("missing", method="HEAD"))
+    with pytest.raises(IntegrityError) as info:
+        _in_parts(options).list(f"{s3_bucket.name}/d")
+    message = str(info.value)
+    assert "d/obj.bin" in message and proxy.url in message
+    assert "lists objects without an ETag" in message and "send ETags" in message

@@ -180,6 +180,8 @@ class S3Adapter(Adapter):
     _create_only_multipart_by_endpoint: ClassVar[dict[str, bool]] = {}
     # "<endpoint> <header>" -> how the endpoint refused that header (never sent again there).
     _refusals: ClassVar[dict[str, str]] = {}
+    # Endpoints whose listings came without ETags (warned of once each).
+    _untagged_listings: ClassVar[set[str]] = set()
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, fs: Any, *, part_size: int = 8 * MiB, max_in_flight: int = 4,
@@ -507,6 +509,7 @@ class S3Adapter(Adapter):
             if got is not None:
                 return dict(sorted(got.items()))
         out: dict[str, ObjectInfo] = {}
+        untagged: list[str] = []  # listed without an ETag: stat-ed once the listing is done
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
         call, what = "list_objects_v2", "ListObjectsV2"
         tokens: set[str] = set()
@@ -515,12 +518,18 @@ class S3Adapter(Adapter):
             contents = resp.get("Contents", [])
             for obj in contents:
                 path = f"{bucket}/{obj['Key']}"
-                if obj["Key"][len(start):] in out:
+                rel = obj["Key"][len(start):]
+                if rel in out or rel in untagged:
                     raise circling(self.url(prefix), self.url(path))
-                out[obj["Key"][len(start):]] = ObjectInfo(
+                if not str(obj.get("ETag") or "").strip().strip('"'):
+                    untagged.append(rel)
+                    continue
+                out[rel] = ObjectInfo(
                     path, int(obj["Size"]), etag(obj.get("ETag"), self.url(path)),
                     _timestamp(obj.get("LastModified")))
             if not resp.get("IsTruncated"):
+                if untagged:
+                    out.update(self._stat_untagged(prefix, bucket, start, untagged, what))
                 return dict(sorted(out.items()))
             token = resp.get("NextContinuationToken")
             if token and call == "list_objects_v2":
@@ -540,6 +549,50 @@ class S3Adapter(Adapter):
                               "is unreachable")
             call, what = "list_objects", "ListObjects"
             kwargs = {"Bucket": bucket, "Prefix": start, "Marker": contents[-1]["Key"]}
+
+    def _stat_untagged(self, prefix: str, bucket: str, start: str, keys: Sequence[str],
+                       what: str) -> dict[str, ObjectInfo]:
+        """The objects a listing named without an ETag (some gateways leave it off), each
+        as a HEAD answers: the ETag pins every read and lets a commit tell an object
+        replaced behind its writer; refused outright, every commit and read of the prefix
+        failed. The HEAD's size and ETag are one version's, a moment after the listing (as
+        a listing taken then). An object gone since is left out, as that listing would."""
+        endpoint = self._endpoint()
+        if endpoint not in self._untagged_listings:
+            self._untagged_listings.add(endpoint)
+            log.warning("%s: %s answers without ETags; durable asks each object's with a "
+                        "HEAD (one request per object listed)", endpoint, what)
+
+        async def stat(key: str, gate: asyncio.Semaphore) -> ObjectInfo | None:
+            path = f"{bucket}/{start}{key}"
+            url = self.url(path)
+            async with gate:
+                try:
+                    resp = await self.fs._call_s3("head_object", Bucket=bucket,
+                                                  Key=f"{start}{key}")
+                except Exception as exc:
+                    err = failure(exc, url, "HEAD of an object listed without an ETag")
+                    if isinstance(err, FileNotFoundError):
+                        return None
+                    raise err from exc
+            try:
+                tag = etag(resp.get("ETag"), url)
+            except IntegrityError as exc:
+                raise IntegrityError(
+                    f"{url}: {what} on {endpoint} lists objects without an ETag, and the "
+                    f"object's HEAD has none either ({resp.get('ETag')!r}): durable pins "
+                    "every read and checks every commit by ETag. Have the store (or the "
+                    "gateway in front of it) send ETags", url=url, expected="an ETag",
+                    found=resp.get("ETag")) from exc
+            return ObjectInfo(path, content_size(resp, url, "HEAD"), tag,
+                              _timestamp(resp.get("LastModified")))
+
+        async def all_of() -> list[ObjectInfo | None]:
+            gate = asyncio.Semaphore(_PROBES_IN_FLIGHT)
+            return await asyncio.gather(*(stat(k, gate) for k in keys))
+
+        found: list[ObjectInfo | None] = sync(self.fs.loop, all_of)
+        return {k: i for k, i in zip(keys, found, strict=True) if i is not None}
 
     def _parse_timestamps_fast(self) -> None:
         """botocore parses every listed object's LastModified with dateutil, 57 us each: a
