@@ -163,7 +163,7 @@ BIG = 9 * 1024 * 1024  # over the 8 MiB part size: a multipart upload, its recor
 
 
 @pytest.mark.s3
-def test_killed_after_multipart_complete_reads_incomplete_and_clean_resolves_it(
+def test_killed_after_multipart_complete_reads_incomplete_and_is_never_adopted(
         s3_bucket: Bucket, boto: Any) -> None:
     """A writer killed once CompleteMultipartUpload published the object and before its
     marker landed (the marker PUT held by the proxy, the process SIGKILLed there): the
