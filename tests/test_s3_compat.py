@@ -379,3 +379,83 @@ def test_a_listing_and_head_without_etags_is_a_clear_error(
     message = str(info.value)
     assert "d/obj.bin" in message and proxy.url in message
     assert "lists objects without an ETag" in message and "send ETags" in message
+
+
+# --- flexible checksums refused ------------------------------------------------------------
+
+def _uploads_with_any_checksum_header(request: faults.RequestInfo) -> bool:
+    """A request that uploads (PUT, POST) with any ``x-amz-checksum-*`` header: what B2
+    and OVH refuse ("Unsupported header 'x-amz-checksum-crc32' received for this API
+    call"); a GET's ``x-amz-checksum-mode`` they ignore."""
+    return request.method in ("PUT", "POST") and any(
+        name.lower().startswith("x-amz-checksum-") and name.lower() != "x-amz-checksum-mode"
+        for name, _ in request.headers.items())
+
+
+def _sent_md5(proxy: FaultProxy) -> int:
+    return sum(1 for r in proxy.requests if "content-md5" in r.headers)
+
+
+@pytest.mark.parametrize(("status", "code"), REFUSALS)
+@pytest.mark.parametrize("large_first", [False, True])
+def test_an_endpoint_refusing_the_crc32c_header_takes_content_md5_instead(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], status: int,
+        code: str, large_first: bool) -> None:
+    """A store without CRC32C (it takes botocore's default CRC32): every write failed with
+    its 400/501 and no advice. Each upload is sent again with Content-MD5, which the store
+    checks as well, and the header is never sent there again."""
+    proxy, options = store
+    proxy.add(faults.error(status, code, "Unsupported header 'x-amz-checksum-crc32c' "
+                           "received for this API call.",
+                           match=_with_header("x-amz-checksum-crc32c")))
+    adapter = _in_parts(options)
+    small, large = os.urandom(100_000), os.urandom(2 * MIN_PART_SIZE + 1000)
+    writes = [("small.bin", small), ("large.bin", large), ("again.bin", small)]
+    for name, data in (writes[1::-1] + writes[2:] if large_first else writes):
+        with atomic_write(s3_bucket.path(name), storage_options=options) as f:
+            f.write(data)
+        assert read_verified(s3_bucket.path(name), storage_options=options) == data
+    # Refused once (or by each of the 3 parts in the air at once, of an upload created
+    # with ChecksumAlgorithm), then never sent again.
+    assert _sent_with(proxy, "x-amz-checksum-crc32c") == (3 if large_first else 1)
+    # Every request sent again, and each later one, with its MD5: 3 parts, 2 PutObjects.
+    assert _sent_md5(proxy) == 5
+    assert f"refuses x-amz-checksum-crc32c (HTTP {status} {code}" in adapter.capabilities.note
+
+
+def test_an_endpoint_refusing_every_flexible_checksum_says_what_to_configure(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """A store that refuses every x-amz-checksum-* header: botocore adds its own CRC32 to
+    the request sent again with Content-MD5, so that one is refused too. The error names
+    the object, what was refused, and the setting that makes the Content-MD5 go alone; with
+    it, objects of every size are written, the store checking each MD5."""
+    proxy, options = store
+    proxy.add(faults.error(400, "InvalidArgument", "Unsupported header "
+                           "'x-amz-checksum-crc32' received for this API call.",
+                           match=Match(where=_uploads_with_any_checksum_header)))
+    url = s3_bucket.path("small.bin")
+    with pytest.raises(OSError) as info, atomic_write(url, storage_options=options) as f:
+        f.write(b"payload")
+    message = str(info.value)
+    assert message.startswith(f"{url}: PutObject answered HTTP 400 InvalidArgument")
+    assert "x-amz-checksum-crc32c" in message and "Content-MD5" in message
+    assert "'request_checksum_calculation': 'when_required'" in message
+
+    configured = {**options, "config_kwargs": {"request_checksum_calculation": "when_required"}}
+    adapter = _in_parts(configured)
+    small, large = os.urandom(100_000), os.urandom(2 * MIN_PART_SIZE + 1000)
+    # The large one first: its CreateMultipartUpload is refused (ChecksumAlgorithm), and
+    # created again without it.
+    for name, data in (("large.bin", large), ("small.bin", small)):
+        with atomic_write(s3_bucket.path(name), storage_options=configured) as f:
+            f.write(data)
+        assert read_verified(s3_bucket.path(name), storage_options=configured) == data
+    # Refused with FULL_OBJECT, then without it, then created without ChecksumAlgorithm:
+    # only the refusal of the CRC32C header is noted (not FULL_OBJECT's).
+    assert [r.status for r in proxy.requests
+            if r.method == "POST" and "uploads" in r.query] == [400, 400, 200]
+    assert "refuses x-amz-checksum-crc32c" in adapter.capabilities.note
+    assert "FULL_OBJECT" not in adapter.capabilities.note
+    with Entry(s3_bucket.path("ent"), storage_options=configured).writing() as w:
+        w.write_bytes("a", small)
+    assert Entry(s3_bucket.path("ent"), storage_options=configured).verify(deep=True).ok

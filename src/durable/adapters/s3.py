@@ -15,7 +15,9 @@ publishes what was written when an exception leaves ``with fs.open(...)``).
 
 Checksums: the CRC32C of every part and of the whole object is sent (``x-amz-checksum-
 crc32c``, and a FULL_OBJECT checksum plus ``x-amz-mp-object-size`` on completion), so a
-store that validates refuses a corrupt upload. `verify_written` then judges the result: a
+store that validates refuses a corrupt upload. An endpoint that refuses the CRC32C header
+(B2, OVH) is sent Content-MD5 instead, which it checks as well (`checksum_refused`).
+`verify_written` then judges the result: a
 PutObject whose answer reports the CRC32C sent needs no further request at ``"size"`` or
 ``"probe"``; otherwise (a store that answers no checksum, a multipart upload) a HEAD, and
 at ``"probe"`` a 1-byte GET at the end of every part, which catches an object short by
@@ -66,12 +68,14 @@ from durable.adapters._s3_http import (
 from durable.adapters._s3_light import get_small, light_store, list_below
 from durable.adapters._s3_light import put as light_put
 from durable.adapters._s3_upload import (
+    CRC32C_HEADER,
     FULL_OBJECT,
     MAX_PART_SIZE,
     MIN_PART_SIZE,
     MULTIPART_IF_NONE_MATCH,
     S3AtomicFile,
     WrittenChecksum,
+    md5_args,
 )
 from durable.adapters.base import (
     Adapter,
@@ -103,6 +107,10 @@ PROBE_PREFIX = ".durable-probe-"
 # they lack with 501 NotImplemented, some with 400. The header is refused, not the write:
 # sent again, it would fail every write (`_refusals`).
 _NOT_IMPLEMENTED = frozenset({400, 501})
+# How a store says the bytes it took do not match the digest sent with them: a corruption
+# in transit, never a header refused (sent again without it, corrupt bytes would land).
+_MISMATCH = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
+                       "XAmzContentSHA256Mismatch"})
 #: How `S3Adapter.refusal` names the multi-object delete (POST ?delete).
 DELETE_OBJECTS = "DeleteObjects"
 # What durable does without a header or request the endpoint refused.
@@ -110,6 +118,9 @@ _WITHOUT = {
     "If-None-Match": "create-only writes fall back to a racy HEAD check",
     "If-Match": "no conditional writes, no leases",
     FULL_OBJECT: "multipart uploads carry the CRC32C of each part only",
+    CRC32C_HEADER: "uploads carry Content-MD5 instead: the store still checks every byte it "
+                   "takes, but keeps no CRC32C, so each write is checked by a HEAD (and part "
+                   "probes) and reads by durable's records alone",
     DELETE_OBJECTS: "objects are deleted one DeleteObject each",
     MULTIPART_IF_NONE_MATCH: "a create-only write of more than part_size is a HEAD before "
                              "its completion, which racing writers can both pass",
@@ -125,6 +136,10 @@ class _EndpointCapabilities:
         full = obj.refusal(FULL_OBJECT) if obj is not None else None
         checksums = (f"; this endpoint refuses the FULL_OBJECT checksum type ({full}): "
                      f"{_WITHOUT[FULL_OBJECT]}" if full else "")
+        crc = obj.refusal(CRC32C_HEADER) if obj is not None else None
+        if crc:
+            checksums += f"; this endpoint refuses {CRC32C_HEADER} ({crc}): " \
+                         f"{_WITHOUT[CRC32C_HEADER]}"
         if obj is not None and obj._create_only_multipart_by_endpoint.get(
                 obj._endpoint()) is False:
             refused = obj.refusal(MULTIPART_IF_NONE_MATCH)
@@ -326,6 +341,56 @@ class S3Adapter(Adapter):
         log.warning("%s: the endpoint refuses %s (%s): %s", self._endpoint(), header, said,
                     _WITHOUT[header])
 
+    # flexible checksums refused --------------------------------------------------------------
+    def checksum_args(self, data: bytes, crc: int | None = None) -> dict[str, Any]:
+        """What an upload of ``data`` (its CRC32C ``crc``, if known) carries for the store
+        to check it by: its CRC32C, or where the endpoint refused that header, its MD5
+        (`checksum_refused`)."""
+        if self.refusal(CRC32C_HEADER) is None:
+            return {"ChecksumAlgorithm": "CRC32C",
+                    "ChecksumCRC32C": crc_to_b64(crc32c(data) if crc is None else crc)}
+        return md5_args(data)
+
+    def checksum_refused(self, exc: BaseException) -> str | None:
+        """How the endpoint refused the CRC32C header, if ``exc`` may be that (HTTP 501, or
+        400 for anything but a digest mismatch): B2 and OVH answer 400 InvalidArgument
+        "Unsupported header 'x-amz-checksum-crc32c'", R2 once 501 NotImplemented. The
+        request is then sent again with Content-MD5 (`without_checksum`): whatever the
+        400 was, the store checks that digest too, so corrupt bytes never land."""
+        cause: BaseException | None = exc
+        while cause is not None and error_fields(cause)[0] is None:
+            cause = cause.__cause__
+        if cause is None or error_fields(cause)[1] in _MISMATCH:
+            return None
+        return self.refused(cause, CRC32C_HEADER, note=False)
+
+    def without_checksum(self, url: str, what: str, said: str, call: Callable[[], Any]) -> Any:
+        """``call()``, the request sent again with Content-MD5 instead of the CRC32C header
+        the endpoint refused (``said``); noted once it is taken, never sent there again.
+        Refused again, an OSError saying what the endpoint refuses and what to do."""
+        try:
+            result = call()
+        except OSError as exc:
+            again = self.checksum_refused(exc)
+            if again is None:
+                raise
+            sync(self.fs.loop, self.fs.set_session)
+            config = getattr(self.fs.s3.meta.config, "request_checksum_calculation", None)
+            advice = (
+                "this client adds a flexible checksum of its own (botocore's x-amz-checksum-"
+                "crc32) to every upload: pass storage_options={'config_kwargs': "
+                "{'request_checksum_calculation': 'when_required'}} so that durable's "
+                "Content-MD5 goes alone (the store then still checks every byte it takes)"
+                if config != "when_required" else
+                "it takes no digest durable can send, so nothing would check the bytes it "
+                "stores: durable does not write there")
+            raise OSError(f"{url}: {what} answered {said} with the {CRC32C_HEADER} header, "
+                          f"and {again} sent again with Content-MD5 instead. A store that "
+                          f"refuses flexible checksums ({self._endpoint()}?) answers so: "
+                          f"{advice}") from exc
+        self.note_refusal(CRC32C_HEADER, said)
+        return result
+
     def _probe_create_only(self, path: str) -> bool:
         body = b"durable create-only probe"
         with self._probe_object(path, body) as (bucket, key, url):
@@ -433,9 +498,17 @@ class S3Adapter(Adapter):
             raise failure(exc, url, f"conditional {method}") from exc
 
     def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
-        resp = self._conditional("put_object", path, version, Body=data,
-                                 ChecksumAlgorithm="CRC32C",
-                                 ChecksumCRC32C=crc_to_b64(crc32c(data)))
+        args = self.checksum_args(data)
+        try:
+            resp = self._conditional("put_object", path, version, Body=data, **args)
+        except OSError as exc:
+            said = self.checksum_refused(exc) if "ChecksumCRC32C" in args else None
+            if said is None:
+                raise
+            resp = self.without_checksum(
+                self.url(path), "conditional PutObject", said,
+                lambda: self._conditional("put_object", path, version, Body=data,
+                                          **md5_args(data)))
         self.fs.invalidate_cache(path)
         return ObjectInfo(path, len(data), etag(resp.get("ETag"), self.url(path)))
 
