@@ -21,6 +21,7 @@ from durable import (
     State,
     UnsupportedError,
     atomic_write,
+    open_verified,
     read_verified,
 )
 from durable import _background as background
@@ -459,3 +460,40 @@ def test_an_endpoint_refusing_every_flexible_checksum_says_what_to_configure(
     with Entry(s3_bucket.path("ent"), storage_options=configured).writing() as w:
         w.write_bytes("a", small)
     assert Entry(s3_bucket.path("ent"), storage_options=configured).verify(deep=True).ok
+
+
+@pytest.mark.parametrize(("status", "code"), REFUSALS)
+def test_an_endpoint_refusing_checksum_mode_on_reads_is_read_without_it(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], status: int,
+        code: str) -> None:
+    """A store that answers x-amz-checksum-mode (asked on every whole GET and on the HEAD
+    after a write) as an unsupported header: every read failed ("GET answered HTTP 400"),
+    with no word of what to do. botocore adds the header by itself: the error says which
+    setting stops that; with it, durable asks without the header once refused, never sends
+    it there again, and its records check what is read."""
+    proxy, options = store
+    proxy.add(faults.error(status, code, "Unsupported header 'x-amz-checksum-mode' received "
+                           "for this API call.", match=_with_header("x-amz-checksum-mode")))
+    small, large = os.urandom(100_000), os.urandom(2 * MIN_PART_SIZE + 1000)
+    url = s3_bucket.path("small.bin")
+    with atomic_write(url, storage_options=options) as f:
+        f.write(small)
+    with pytest.raises(OSError) as info:
+        read_verified(url, storage_options=options)
+    assert str(info.value).startswith(f"{url}: GET answered HTTP {status} {code}")
+    assert "'response_checksum_validation': 'when_required'" in str(info.value)
+
+    configured = {**options,
+                  "config_kwargs": {"response_checksum_validation": "when_required"}}
+    adapter = _in_parts(configured)
+    proxy.clear_requests()
+    for name, data in (("small.bin", small), ("large.bin", large)):
+        url = s3_bucket.path(name)
+        with atomic_write(url, storage_options=configured) as f:
+            f.write(data)
+        assert read_verified(url, storage_options=configured) == data
+        with open_verified(url, storage_options=configured) as f:
+            assert f.read() == data
+        assert Entry(url, storage_options=configured).verify(deep=True).ok
+    assert _sent_with(proxy, "x-amz-checksum-mode") == 1
+    assert f"refuses x-amz-checksum-mode (HTTP {status}" in adapter.capabilities.note

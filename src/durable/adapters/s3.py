@@ -111,6 +111,8 @@ _NOT_IMPLEMENTED = frozenset({400, 501})
 # in transit, never a header refused (sent again without it, corrupt bytes would land).
 _MISMATCH = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
                        "XAmzContentSHA256Mismatch"})
+#: How `S3Adapter.refusal` names the header asking for stored checksums on GET and HEAD.
+CHECKSUM_MODE = "x-amz-checksum-mode"
 #: How `S3Adapter.refusal` names the multi-object delete (POST ?delete).
 DELETE_OBJECTS = "DeleteObjects"
 # What durable does without a header or request the endpoint refused.
@@ -118,6 +120,8 @@ _WITHOUT = {
     "If-None-Match": "create-only writes fall back to a racy HEAD check",
     "If-Match": "no conditional writes, no leases",
     FULL_OBJECT: "multipart uploads carry the CRC32C of each part only",
+    CHECKSUM_MODE: "reads ask for no stored checksum: what is read is checked by durable's "
+                   "records alone, and a HEAD after a write compares no stored CRC32C",
     CRC32C_HEADER: "uploads carry Content-MD5 instead: the store still checks every byte it "
                    "takes, but keeps no CRC32C, so each write is checked by a HEAD (and part "
                    "probes) and reads by durable's records alone",
@@ -136,10 +140,10 @@ class _EndpointCapabilities:
         full = obj.refusal(FULL_OBJECT) if obj is not None else None
         checksums = (f"; this endpoint refuses the FULL_OBJECT checksum type ({full}): "
                      f"{_WITHOUT[FULL_OBJECT]}" if full else "")
-        crc = obj.refusal(CRC32C_HEADER) if obj is not None else None
-        if crc:
-            checksums += f"; this endpoint refuses {CRC32C_HEADER} ({crc}): " \
-                         f"{_WITHOUT[CRC32C_HEADER]}"
+        for header in (CRC32C_HEADER, CHECKSUM_MODE):
+            said = obj.refusal(header) if obj is not None else None
+            if said:
+                checksums += f"; this endpoint refuses {header} ({said}): {_WITHOUT[header]}"
         if obj is not None and obj._create_only_multipart_by_endpoint.get(
                 obj._endpoint()) is False:
             refused = obj.refusal(MULTIPART_IF_NONE_MATCH)
@@ -342,6 +346,38 @@ class S3Adapter(Adapter):
                     _WITHOUT[header])
 
     # flexible checksums refused --------------------------------------------------------------
+    def _call_checked(self, method: str, url: str, what: str, *, pinned: str | None = None,
+                      **kwargs: Any) -> dict[str, Any]:
+        """`_call` of a GET or HEAD with ``ChecksumMode=ENABLED`` (the stored CRC32C in the
+        answer, a GET's body checked against it by botocore), where the endpoint has not
+        refused it. A store that answers the x-amz-checksum-* headers it lacks with 400
+        "Unsupported header" (B2 does on uploads) or 501 failed every read on it. Refused,
+        it is asked again without, and never sent there again: durable's records still
+        check what is read. (botocore sends the header by itself unless its
+        ``response_checksum_validation`` is "when_required": refused again, an OSError
+        saying so.)"""
+        mode: dict[str, Any] = {} if self.refusal(CHECKSUM_MODE) else {"ChecksumMode": "ENABLED"}
+        try:
+            return self._call(method, url, what, pinned=pinned, **kwargs, **mode)
+        except OSError as exc:
+            said = self.refused(exc, CHECKSUM_MODE, note=False) if mode else None
+            if said is None:
+                raise
+            try:
+                result = self._call(method, url, what, pinned=pinned, **kwargs)
+            except OSError as again:
+                if self.refused(again, CHECKSUM_MODE, note=False) is None:
+                    raise
+                raise OSError(
+                    f"{url}: {what} answered {said} with the {CHECKSUM_MODE} header, and "
+                    "so did the request sent again without it: this client adds the header "
+                    "itself (botocore's response checksum validation). For a store that "
+                    "refuses it, pass storage_options={'config_kwargs': "
+                    "{'response_checksum_validation': 'when_required'}} (durable's records "
+                    "still check every byte read)") from again
+            self.note_refusal(CHECKSUM_MODE, said)
+            return result
+
     def checksum_args(self, data: bytes, crc: int | None = None) -> dict[str, Any]:
         """What an upload of ``data`` (its CRC32C ``crc``, if known) carries for the store
         to check it by: its CRC32C, or where the endpoint refused that header, its MD5
@@ -710,8 +746,7 @@ class S3Adapter(Adapter):
         bucket, key = self._split(path)
         url = self.url(path)
         try:
-            resp = self._call("get_object", url, "GET", Bucket=bucket, Key=key,
-                              ChecksumMode="ENABLED")
+            resp = self._call_checked("get_object", url, "GET", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return None
         try:
@@ -760,13 +795,13 @@ class S3Adapter(Adapter):
         url = self.url(path)
         end = info.size if end is None else end
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "IfMatch": info.version}
+        what = f"GET from byte {start}"
         if start or end != info.size:
             kwargs["Range"] = f"bytes={start}-{end - 1}"
+            resp = self._call("get_object", url, what, pinned=info.version, **kwargs)
         else:
             # A whole-object GET: botocore checks the body against the store's CRC32C.
-            kwargs["ChecksumMode"] = "ENABLED"
-        resp = self._call("get_object", url, f"GET from byte {start}", pinned=info.version,
-                          **kwargs)
+            resp = self._call_checked("get_object", url, what, pinned=info.version, **kwargs)
         try:
             check_response(resp, url, info, start, end - start)
         except BaseException:
@@ -817,8 +852,8 @@ class S3Adapter(Adapter):
             return
         bucket, key = self._split(path)
         try:
-            head = self._call("head_object", url, "HEAD after write", Bucket=bucket, Key=key,
-                              ChecksumMode="ENABLED")
+            head = self._call_checked("head_object", url, "HEAD after write", Bucket=bucket,
+                                      Key=key)
         except FileNotFoundError:
             raise IntegrityError(f"{url}: written but not found afterwards", url=url) from None
         tag = etag(head.get("ETag"), url)
