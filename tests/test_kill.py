@@ -25,7 +25,7 @@ from durable import (
     atomic_write,
     read_verified,
 )
-from durable._ops import mark_complete_root
+from durable._ops import apply_clean, mark_complete_root, plan_clean
 from durable._scan import scan, survey
 from durable.adapters import resolve
 from durable.testing import faults
@@ -163,7 +163,7 @@ BIG = 9 * 1024 * 1024  # over the 8 MiB part size: a multipart upload, its recor
 
 
 @pytest.mark.s3
-def test_killed_after_multipart_complete_reads_incomplete_and_is_never_adopted(
+def test_killed_after_multipart_complete_reads_incomplete_and_clean_removes_it(
         s3_bucket: Bucket, boto: Any) -> None:
     """A writer killed once CompleteMultipartUpload published the object and before its
     marker landed (the marker PUT held by the proxy, the process SIGKILLed there): the
@@ -207,7 +207,20 @@ def test_killed_after_multipart_complete_reads_incomplete_and_is_never_adopted(
     assert adopted.adoptions == []
     assert [(s.url, "never followed" in s.reason) for s in adopted.skipped] == [(url, True)]
     assert Entry(url, storage_options=options).state() is State.INCOMPLETE
-    # The next writer replaces it, recorded.
+    # durable clean removes it once old, as any dead writer's leftovers.
+    young = plan_clean(survey(*resolve(s3_bucket.url, options)), older_than=3600)
+    assert young.items == []
+    assert [(k.url, "younger than --older-than" in k.reason) for k in young.kept] == [
+        (url, True)]
+    sv = survey(*resolve(s3_bucket.url, options))
+    report = plan_clean(sv, older_than=0)
+    assert [(i.kind, i.url, "never followed" in i.reason) for i in report.items] == [
+        ("entry", url, True)]
+    apply_clean(sv, report)
+    assert [i.status for i in report.items] == ["removed"]
+    assert boto.list_objects_v2(Bucket=s3_bucket.name).get("Contents", []) == []
+    assert Entry(url, storage_options=options).state() is State.ABSENT
+    # The next writer writes it, recorded.
     with atomic_write(url, storage_options=options) as f:
         f.write(payload(1, BIG))
     assert read_verified(url, storage_options=options) == payload(1, BIG)

@@ -459,6 +459,9 @@ class CleanItem:
     key: str = field(default="", repr=False)
     expect: dict[str, str | None] = field(default_factory=dict, repr=False)
     upload: Upload | None = field(default=None, repr=False)
+    version: str | None = field(default=None, repr=False)
+    """The version planned of an entry that is one object with no records (one whose
+    marker never followed): removed only while it is still that version."""
 
 
 @dataclass
@@ -545,6 +548,37 @@ def _watch_leases(sv: Survey, leases: dict[str, LeaseSeen], lease_wait: float,
     return states, wait
 
 
+def _never_followed(sv: Survey, workers: int, age_since: Callable[[float | None], float | None],
+                    why_kept: Callable[[str, float | None], str | None],
+                    kept: list[Skipped]) -> list[CleanItem]:
+    """Objects a durable writer published before its marker, which never followed (an S3
+    multipart `atomic_write` killed after its completion): no records lie beside them,
+    so they are found by their metadata, one HEAD each of the unmarked objects with no
+    records that the adapter says may be such (on S3, those completed from parts).
+    Nothing recorded them, and the old version is gone: removed once old, as any dead
+    writer's leftovers (``why_kept``: why one is not, from its key and age)."""
+    keys = [k for k, f in sorted(sv.entries.items())
+            if f.marker is None and not f.records and k in sv.listing
+            and sv.adapter.published_before_record(sv.listing[k])]
+    items = []
+    stats = stat_objects(sv.adapter, [sv.entry_path(k) for k in keys], workers)
+    for key, st in zip(keys, stats, strict=True):
+        if isinstance(st, str) or st is None or st.record is None \
+                or META_RECORD_FOLLOWS not in st.record or carries_record(st.record):
+            continue
+        url = sv.url(key)
+        age = age_since(st.modified)
+        why = why_kept(key, age)
+        if why is not None:
+            kept.append(Skipped(url, why))
+            continue
+        assert age is not None
+        items.append(CleanItem("entry", url, "published by a durable writer whose marker "
+                               f"never followed (killed between the two), {fmt_age(age)} "
+                               "ago", age, 1, st.size, key=key, version=st.version))
+    return items
+
+
 def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
                all_uploads: bool = False, workers: int = _WORKERS,
                progress: Ticker | None = None, sleep: Callable[[float], None] = time.sleep,
@@ -555,9 +589,10 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     Candidates: unmarked entries with durable records (a writer started: attempt records,
     a lease, other records) older than ``older_than`` seconds with no live lease (their
     data and records, or only the records when the data is gone); temp files of atomic
-    writes older than that; uploads left open longer than that (S3 multipart uploads, Azure
-    blobs of uncommitted blocks; only those started the way durable starts them unless
-    ``all_uploads``). Never a candidate: an
+    writes older than that; objects published before a marker that never followed
+    (`_never_followed`) older than that; uploads left open longer than that (S3
+    multipart uploads, Azure blobs of uncommitted blocks; only those started the way
+    durable starts them unless ``all_uploads``). Never a candidate: an
     entry with a marker or anything inside one, data with no durable records (data written
     before durable: `mark_complete_root` adopts it), anything of an entry whose lease is
     live or cannot be judged, an entry holding an object that carries its own commit record
@@ -674,6 +709,8 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
         items.append(CleanItem(kind, url, reason, age, f.objects, f.size, key=key,
                                expect={k: i.version for k, i in
                                        {**f.records, **_record_temps(sv, key)}.items()}))
+    items += _never_followed(sv, workers, age_since, lambda key, age: (
+        blocked(sv.owners(key)) or old(age, "published (store's clock)")), kept)
 
     for key, f in sorted(sv.entries.items()):
         # Attempt records (and their fragments) left beside a marker: the committing
@@ -942,6 +979,9 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
             # Committed since the plan by a write that carries its record in its metadata.
             item.status, item.detail = "skipped", _OWN_RECORD
             return
+        if item.version is not None:
+            _remove_never_followed(a, item, single, layout.marker)
+            return
         a.delete([path])
     elif a.capabilities.object_records:
         # Checked again, each object as it is now: one committed (in one request) inside
@@ -998,6 +1038,30 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
         item.status, item.detail = "failed", (
             "a writer started while its data was being removed; its records are kept ("
             + ", ".join(a.url(f"{layout.records}/{k}") for k in kept[:3]) + ")")
+        return
+    item.status = "removed"
+
+
+def _remove_never_followed(a: Adapter, item: CleanItem, now: ObjectInfo, marker: str) -> None:
+    """Delete the object whose marker never followed, only as the version planned (one
+    written again since, or committed, is another writer's): conditionally where the
+    store can, so a rewrite between this check and the delete is never taken."""
+    path = now.path
+    if now.version != item.version:
+        item.status, item.detail = "skipped", "written again since the plan"
+        return
+    assert item.version is not None
+    if a.supports_conditional(path):
+        try:
+            a.delete_if(path, item.version)
+        except VersionMismatchError:
+            item.status, item.detail = "skipped", "written again since the plan"
+            return
+    else:
+        a.delete([path])
+    if a.info(marker) is not None:
+        item.status, item.detail = "failed", ("its writer wrote its marker while the object "
+                                              "was being removed; the marker is kept")
         return
     item.status = "removed"
 

@@ -503,6 +503,12 @@ class Adapter(ABC):
         """Remove directories left empty at and below ``prefix``; a no-op on stores that
         have no directories. Never removes an object."""
 
+    def published_before_record(self, info: ObjectInfo) -> bool:
+        """Whether the object, as listed, may have been published before its record
+        (`durable._protocol.META_RECORD_FOLLOWS`): `durable clean` stats only those of the
+        unmarked objects with no records, to find a writer's killed between the two."""
+        return False
+
     def not_an_object(self, path: str) -> str | None:
         """What is at ``path`` where `info` finds no object, if the adapter can tell
         without a request ("a symlink", "a directory", "a special file" on a local disk),

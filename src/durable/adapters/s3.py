@@ -737,6 +737,11 @@ class S3Adapter(Adapter):
                           Prefix=f"{key}/" if key else "", MaxKeys=1)
         return bool(resp.get("Contents"))
 
+    def published_before_record(self, info: ObjectInfo) -> bool:
+        # Completed from parts (its ETag counts them): only a multipart upload is
+        # published before its marker.
+        return info.version is not None and MULTIPART_ETAG.fullmatch(info.version) is not None
+
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         return self._reader(path, info, None, _READ_BUFFER)
 
