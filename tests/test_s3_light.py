@@ -14,7 +14,9 @@ from typing import Any
 import fsspec
 import pytest
 
-from durable import AlreadyCompleteError, Entry, State
+from durable import AlreadyCompleteError, Entry, IntegrityError, State
+from durable._checksum import crc32c
+from durable._protocol import ObjectRecord
 from durable.adapters import _s3_light as light
 from durable.adapters import adapter_for_fs
 from durable.adapters.s3 import S3Adapter
@@ -53,15 +55,19 @@ def test_a_commits_small_puts_go_through_obstore_as_the_same_requests(
     entry = Entry(s3_bucket.path("e"), storage_options=options)
     with entry.writing() as w:
         w.write_bytes("a", b"1" * 100)
-    assert [k.rpartition("/")[2] for k in sent][1:] == ["commit.json"]
+        with w.open("b") as f:
+            f.write(b"2" * 100)
+    assert [k.rpartition("/")[2] for k in sent][1:] == ["a", "commit.json"]
     assert re.fullmatch(r"\.durable/e/attempts/[0-9a-f]+\.json", sent[0])
     puts = {r.key: r for r in proxy.requests if r.method == "PUT"}
     # The marker: create-only, signed over its payload (the store checks the body).
     marker = puts[".durable/e/commit.json"]
     assert marker.headers.get("if-none-match") == "*" and marker.status == 200
     assert re.fullmatch(r"[0-9a-f]{64}", marker.headers.get("x-amz-content-sha256", ""))
-    # The data went through s3fs, with its CRC32C as before.
-    assert "x-amz-checksum-crc32c" in puts["e/a"].headers
+    # A small object written whole: one PUT signed over its payload too.
+    assert re.fullmatch(r"[0-9a-f]{64}", puts["e/a"].headers.get("x-amz-content-sha256", ""))
+    # A file written through the writer went through s3fs, with its CRC32C as before.
+    assert "x-amz-checksum-crc32c" in puts["e/b"].headers
     assert Entry(s3_bucket.path("e"), storage_options=s3_bucket.storage_options
                  ).verify(deep=True).ok
 
@@ -288,3 +294,31 @@ def test_a_slowdown_burst_s3fs_rides_out_fails_no_commit(
         assert [r.status for r in proxy.requests if r.method == "PUT"
                 and r.key == ".durable/e/commit.json"] == [503] * 10 + [200]
     assert _stored(s3_bucket, ".durable/e/commit.json") == b"{}"
+
+
+def test_a_small_object_written_whole_is_checked_and_recorded_as_a_file_is(
+        s3_bucket: Bucket, proxied: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """`EntryWriter.write_bytes` sends a small object as one light PUT: the checks of a
+    file written through the writer hold on it (an error document refused with nothing
+    sent, create-only kept), and the manifest records it as a file's would be."""
+    proxy, options = proxied
+    doc = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+           b"<Message>Access Denied</Message></Error>")
+    entry = Entry(s3_bucket.path("e"), storage_options=options)
+    proxy.clear_requests()
+    with pytest.raises(IntegrityError, match=r"e/page\.xml: not written: .*error document"
+                       ), entry.writing() as w:
+        w.write_bytes("page.xml", doc)
+    assert not [r for r in proxy.requests if r.key == "e/page.xml"]  # nothing was sent
+    assert entry.state() is State.ABSENT
+    with entry.writing() as w:
+        w.write_bytes("zarr.json", b'{"zarr_format": 3}', create_only=True)
+        with pytest.raises(FileExistsError):
+            w.write_bytes("zarr.json", b'{"zarr_format": 2}', create_only=True)
+        w.allow_error_documents = True
+        w.write_bytes("page.xml", doc)
+    marker = entry.status().marker
+    assert marker is not None and marker.manifest is not None
+    assert marker.manifest.objects["zarr.json"] == ObjectRecord(18, crc32c(b'{"zarr_format": 3}'))
+    assert Entry(s3_bucket.path("e"), storage_options=s3_bucket.storage_options
+                 ).verify(deep=True).ok

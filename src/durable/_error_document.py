@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 
 from durable._errors import IntegrityError
 
-__all__ = ["ERROR_DOC_LIMIT", "error_document", "refuse_error_document"]
+__all__ = ["ERROR_DOC_LIMIT", "error_document", "refuse_error_document",
+           "refuse_written_error_document"]
 
 #: S3, GCS and Azure error documents are a few hundred bytes (well under 4 KiB); a larger
 #: body is never taken for one, so no object of a real size can be refused by the sniff.
@@ -71,3 +72,19 @@ def refuse_error_document(url: str, data: bytes | bytearray, *,
         f"({message[:200]!r}) served as {served_as} (a gateway or cache answering with an "
         "error page); it is not returned as data", url=url, expected="the object's bytes",
         found=f"an error document ({code})")
+
+
+def refuse_written_error_document(url: str, data: bytes | bytearray, how_to_allow: str,
+                                  ) -> None:
+    """IntegrityError if ``data``, about to be written at ``url`` and recorded, is an error
+    document: a 403 page a failed download handed over as the file (incident 003) would be
+    recorded with its own CRC32C, and every verified read would return it as data."""
+    found = error_document(data)
+    if found is None:
+        return
+    raise IntegrityError(
+        f"{url}: not written: the bytes are an object store's error document "
+        f"(code {found[0]}: {found[1][:200]!r}), not data; a failed download or "
+        f"request handed over as the file? Nothing was published. If these "
+        f"bytes really are the data, {how_to_allow}", url=url,
+        expected="the object's bytes", found=f"an error document ({found[0]})")

@@ -324,12 +324,11 @@ class TensorStoreWriter:
         first chunks, or before the usual write where the stream cannot run."""
         for key, data in list(self._held.items()):
             try:
-                with self._writer.open(key, create_only=True) as f:
-                    f.write(data)
+                info = self._writer.write_bytes(key, data, create_only=True)
             except FileExistsError:
                 raise self._exists(key) from None
             del self._held[key]
-            self._created[key] = (data, f.info.version if f.info is not None else None)
+            self._created[key] = (data, info.version if info is not None else None)
 
     def _finish(self) -> None:
         for future in self._pending:

@@ -16,6 +16,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from durable._checks import LinkedRecords
+from durable._checksum import crc32c
+from durable._error_document import refuse_written_error_document
 from durable._errors import IntegrityError
 from durable._protocol import RECORDS_DIR, ObjectRecord, written_key
 from durable.adapters import AtomicFile, ObjectInfo
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
     from durable._lease import Lease
 
 __all__ = ["EntryWriter"]
+
+# Objects `write_bytes` sends as one put: one request on every store, never in parts.
+_PUT_WHOLE_MAX = 1024 * 1024
+_ALLOW_ERROR_DOCUMENTS = "set `writer.allow_error_documents = True` in the writing() block"
 
 
 
@@ -79,6 +85,36 @@ class EntryWriter:
 
         ``records``: the key may lie in a records folder (a copy of a committed entry
         carries the records of the entries nested in it); other writes may not."""
+        url = self._admit(key, records)
+        f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
+                                           durable=False)
+        if not self.allow_error_documents:
+            f.refuse_error_documents(url, _ALLOW_ERROR_DOCUMENTS)
+        order = next(self._opened)
+
+        def dropped(af: AtomicFile) -> None:
+            self._dropped[key] = max(order, self._dropped.get(key, -1))
+
+        def committed(af: AtomicFile) -> None:
+            # Written in parts: probed as atomic_write probes (incident 002), else the
+            # commit's listing took an object short by a part for whole.
+            self.entry.adapter.check_parts(af.path, af.checksum)
+            # With its tail where it is a codeword chunk (its CRC32C the residue): without
+            # one, another attempt's chunk of its size passes every check of its record.
+            self.record(
+                key, af.checksum.size, af.checksum.crc,
+                version=af.info.version if af.info else None,
+                tail=ObjectRecord.of(af.checksum.size, af.checksum.crc, af.checksum.ending).tail)
+            self._committed[key] = max(order, self._committed.get(key, -1))
+
+        f.on_commit = committed
+        f.on_drop = dropped
+        self._writing.add(f)
+        return f
+
+    def _admit(self, key: str, records: bool) -> str:
+        """The checks of a write of ``key`` (as `open` says), before anything is sent;
+        the object's URL."""
         if self._closed:
             raise ValueError(f"{self.url}: the writing() block has ended")
         if self._lease is not None:
@@ -113,33 +149,7 @@ class EntryWriter:
         with self._lock:
             # Written again: an fsync started before covers the old bytes, not these.
             self._syncing.pop(key, None)
-        f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
-                                           durable=False)
-        if not self.allow_error_documents:
-            f.refuse_error_documents(self.entry.adapter.url(f"{self.path}/{key}"),
-                                     "set `writer.allow_error_documents = True` in the "
-                                     "writing() block")
-        order = next(self._opened)
-
-        def dropped(af: AtomicFile) -> None:
-            self._dropped[key] = max(order, self._dropped.get(key, -1))
-
-        def committed(af: AtomicFile) -> None:
-            # Written in parts: probed as atomic_write probes (incident 002), else the
-            # commit's listing took an object short by a part for whole.
-            self.entry.adapter.check_parts(af.path, af.checksum)
-            # With its tail where it is a codeword chunk (its CRC32C the residue): without
-            # one, another attempt's chunk of its size passes every check of its record.
-            self.record(
-                key, af.checksum.size, af.checksum.crc,
-                version=af.info.version if af.info else None,
-                tail=ObjectRecord.of(af.checksum.size, af.checksum.crc, af.checksum.ending).tail)
-            self._committed[key] = max(order, self._committed.get(key, -1))
-
-        f.on_commit = committed
-        f.on_drop = dropped
-        self._writing.add(f)
-        return f
+        return self.entry.adapter.url(f"{self.path}/{key}")
 
     def _refuse_unfinished(self) -> None:
         """At the end of the block, before the commit: an object opened through the writer
@@ -170,9 +180,29 @@ class EntryWriter:
             url=self.url, expected="every object closed",
             found=f"{len(unfinished)} open, {len(lost)} dropped")
 
-    def write_bytes(self, key: str, data: bytes) -> None:
-        with self.open(key) as f:
-            f.write(data)
+    def write_bytes(self, key: str, data: bytes, *, create_only: bool = False
+                    ) -> ObjectInfo | None:
+        """Write ``data`` whole at ``key`` (relative to the entry), recorded; its info.
+
+        A small object on a store across a network goes as the adapter's one `put` (on S3
+        its light PUT: a 600-byte zarr.json cost 2.5 ms of this process's CPU through
+        s3fs's file machinery, 0.6 ms so). Same checks, same record as through `open`."""
+        adapter = self.entry.adapter
+        if adapter.capabilities.in_process or len(data) > _PUT_WHOLE_MAX:
+            with self.open(key, create_only=create_only) as f:
+                f.write(data)
+            return f.info
+        url = self._admit(key, records=False)
+        if not self.allow_error_documents:
+            refuse_written_error_document(url, data, _ALLOW_ERROR_DOCUMENTS)
+        info = adapter.put(f"{self.path}/{key}", bytes(data), create_only=create_only,
+                           durable=False)
+        rec = ObjectRecord.of(len(data), crc32c(data), data)
+        self.record(key, rec.size, rec.crc32c, version=info.version, tail=rec.tail)
+        with self._lock:
+            # Written whole: a file of this key opened earlier and dropped is not lost.
+            self._committed[key] = next(self._opened)
+        return info
 
     def record(self, key: str, size: int, crc32c: int, *, version: str | None = None,
                tail: int | None = None) -> None:

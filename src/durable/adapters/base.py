@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar, Literal
 
 from durable._checksum import Checksum, crc32c, crc_to_hex
-from durable._error_document import ERROR_DOC_LIMIT, error_document
+from durable._error_document import ERROR_DOC_LIMIT, refuse_written_error_document
 from durable._errors import IntegrityError, UnsupportedError
 
 __all__ = ["Adapter", "AtomicFile", "Capabilities", "ObjectInfo", "Upload", "VerifyLevel",
@@ -185,16 +185,12 @@ class AtomicFile(io.RawIOBase):
                 raise ValueError(f"{self.path}: atomic file was aborted")
             return self.info
         if self.error_document_check is not None and self.checksum.size <= ERROR_DOC_LIMIT:
-            found = error_document(self._head)
-            if found is not None:
-                self.abort()
+            try:
                 url, how_to_allow = self.error_document_check
-                raise IntegrityError(
-                    f"{url}: not written: the bytes are an object store's error document "
-                    f"(code {found[0]}: {found[1][:200]!r}), not data; a failed download or "
-                    f"request handed over as the file? Nothing was published. If these "
-                    f"bytes really are the data, {how_to_allow}", url=url,
-                    expected="the object's bytes", found=f"an error document ({found[0]})")
+                refuse_written_error_document(url, self._head, how_to_allow)
+            except IntegrityError:
+                self.abort()
+                raise
         self._done = True
         self.record = record if self.carries_record else None
         try:

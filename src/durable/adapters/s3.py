@@ -248,8 +248,14 @@ class S3Adapter(Adapter):
         return result
 
     def _endpoint(self) -> str:
-        sync(self.fs.loop, self.fs.set_session)
-        return str(self.fs.s3.meta.endpoint_url)
+        client = getattr(self.fs, "_s3", None)
+        if client is None:
+            # The client is made once; its endpoint never changes (a refreshed session
+            # is made from the same options). A hop to s3fs's loop for every look cost
+            # 0.1-0.5 ms: `capabilities` looks four times, a commit a dozen.
+            sync(self.fs.loop, self.fs.set_session)
+            client = self.fs.s3
+        return str(client.meta.endpoint_url)
 
     @classmethod
     def forget_endpoint(cls, endpoint: str) -> None:
