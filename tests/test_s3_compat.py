@@ -136,7 +136,20 @@ def test_a_head_without_content_length_is_named_never_a_key_error(
                            r"answered without a Content-Length") as caught:
             check()
         assert caught.value.found is None
+    # A GET without one: each read path names it (a pinned read said "the store answers
+    # Content-Length -1").
+    proxy.clear()
+    proxy.add(faults.strip_headers("^content-length$", method="GET", path=r"/ds/part-0$"))
+    url = s3_bucket.path("ds", "part-0")
+    with pytest.raises(IntegrityError, match=r"part-0: GET answered without a Content-Length"):
+        read_verified(url, storage_options=options)
+    with pytest.raises(IntegrityError, match=r"part-0: GET of 6 bytes from byte 0 answered "
+                       "without a Content-Length"), \
+            open_verified(url, storage_options=options) as f:
+        f.read()
+    proxy.clear()
     # A PUT answered without the CRC32C sent is checked by a HEAD: without a size, refused.
+    proxy.add(faults.strip_headers("^content-length$", method="HEAD"))
     proxy.add(faults.strip_headers(method="PUT"))
     with pytest.raises(IntegrityError, match=r"ckpt: HEAD( after write)? answered without a "
                        "Content-Length"), \
