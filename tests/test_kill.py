@@ -163,6 +163,7 @@ BIG = 9 * 1024 * 1024  # over the 8 MiB part size: a multipart upload, its recor
 
 
 @pytest.mark.s3
+@pytest.mark.slow  # a child process, a 9 MiB upload and a clean: about 6 s
 def test_killed_after_multipart_complete_reads_incomplete_and_clean_removes_it(
         s3_bucket: Bucket, boto: Any) -> None:
     """A writer killed once CompleteMultipartUpload published the object and before its
