@@ -838,6 +838,36 @@ def test_clear_refuses_an_entry_being_computed(local: Store, counter: str) -> No
     assert entry.state() is State.ABSENT
 
 
+def test_clear_racing_a_call_that_takes_the_lease_never_removes_it(
+        local: Store, counter: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call takes the entry's lease just after clear() looked for one: clear() then
+    deleted with force=True, removing the call's live lease and entry under it (the call
+    never committed, its work lost). Now the delete holds the lease itself, so it is
+    refused, naming the entry, and the call's lease stays held."""
+    import durable._cached
+
+    f = cached_compute(local.root, {}, "raise")
+    f(13)
+    entry = f.entry(13)
+    taken: list[durable.Lease] = []
+    look = durable._cached.refuse_live_lease
+
+    def then_a_call_takes_it(*args: Any, **kwargs: Any) -> Any:
+        found = look(*args, **kwargs)
+        taken.append(durable.Lease(entry).acquire())
+        return found
+
+    monkeypatch.setattr(durable._cached, "refuse_live_lease", then_a_call_takes_it)
+    try:
+        with pytest.raises(IncompleteExistsError, match="not clearing") as refused:
+            f.clear(13)
+        assert entry.url in str(refused.value)
+        assert taken[0].held and entry.state() is State.COMPLETE
+    finally:
+        for lease in taken:
+            lease.release()
+
+
 def test_a_store_without_conditional_writes_is_refused_with_advice_cached_can_follow(
         tmp_path: Path, counter: str) -> None:
     """On a store that cannot enforce conditional writes (a generic fsspec filesystem; an

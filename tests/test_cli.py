@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 from click.testing import CliRunner, Result
 
@@ -373,6 +374,33 @@ def test_status_of_a_folder_of_entries_says_entries_are_inside_it(place: Place) 
         f"it: a root? (`durable scan {place.url('root')}` lists them)")
     place.write("legacy/zarr.json", b"{}")  # no durable records inside: as it was
     plain = as_json(run("status", place.url("legacy"), "--json"))
+    assert plain["reason"] == "data present but no commit marker"
+
+
+@pytest.mark.parametrize("store", ["s3_bucket", "gcs_bucket"])
+def test_status_of_a_folder_of_objects_carrying_records_says_so(
+        store: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A checkpoint folder uploaded with ``durable::``'s ``put`` (each file an object
+    carrying its record in its own metadata, no records folder): `status` said only "data
+    present but no commit marker", as for data written without durable, where `verify`
+    of the same URL found 2 entries and said OK."""
+    bucket: Bucket = request.getfixturevalue(store)
+    local = tmp_path / "step-100"
+    local.mkdir()
+    (local / "model.bin").write_bytes(b"weights")
+    (local / "meta.json").write_bytes(b"{}")
+    fs = fsspec.filesystem("durable", target_protocol=bucket.protocol,
+                           **bucket.storage_options)
+    url = bucket.path("ckpt", "step-100")
+    fs.put(str(local), url, recursive=True)
+    opts = ["--storage-options", json.dumps(bucket.storage_options)]
+    doc = as_json(run("status", url, "--json", *opts))
+    assert doc["state"] == "INCOMPLETE" and doc["reason"] == (
+        "data present but no commit marker; objects carrying records of their own are "
+        f"inside it: a root? (`durable scan {url}` lists them)")
+    assert run("verify", url, *opts).exit_code == 0
+    bucket.filesystem().pipe_file(f"{bucket.name}/plain/part-0", b"written without durable")
+    plain = as_json(run("status", bucket.path("plain"), "--json", *opts))
     assert plain["reason"] == "data present but no commit marker"
 
 

@@ -192,6 +192,8 @@ def test_page_runs_as_written(page: str, s3_bucket: Bucket, tmp_path: Path,
             continue
         code = (code.replace("s3://bucket/", f"s3://{s3_bucket.name}/")
                 .replace('"/cache/', f'"{tmp_path}/cache/')
+                # "/data/..." too: a block naming it so wrote to the machine's own /data.
+                .replace('"/data/', f'"{tmp_path}/data/')
                 .replace("file:///data/", f"file://{tmp_path}/data/"))
         try:
             # dont_inherit: not this file's `from __future__ import annotations`, which

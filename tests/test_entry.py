@@ -585,6 +585,28 @@ def test_a_local_directory_put_recursively_is_recorded_whole(
     assert (progress.size, progress.value) == (70_000, 70_000)
 
 
+def test_a_damaged_local_checkpoint_put_into_an_entry_is_refused(
+        place: Place, tmp_path: os.PathLike[str]) -> None:
+    """``w.fs.put`` of a checkpoint committed on local disk and damaged there since (a
+    flipped byte) read the files unchecked: the entry committed the damage, recorded with
+    its own CRC32C, COMPLETE and verifying deep. The source is read against its record,
+    and the writer's block fails naming the file; nothing is committed."""
+    src = os.path.join(tmp_path, "ckpt-local")
+    with Entry(src).writing() as w:
+        w.fs.pipe_file(f"{w.path}/model.bin", os.urandom(70_000))
+        w.fs.pipe_file(f"{w.path}/config.json", b"{}")
+    model = os.path.join(src, "model.bin")
+    with open(model, "r+b") as f:
+        f.seek(4321)
+        byte = f.read(1)
+        f.seek(4321)
+        f.write(bytes([byte[0] ^ 1]))
+    e = Entry(place.url("ent"))
+    with pytest.raises(IntegrityError, match=r"model\.bin.*CRC32C"), e.writing() as w:
+        w.fs.put(src, w.path, recursive=True)
+    assert e.state() is not State.COMPLETE
+
+
 def test_touch_without_truncate_keeps_the_bytes(place: Place) -> None:
     """``touch(path, truncate=False)`` leaves an existing object's bytes alone (fsspec's
     meaning, and plain fsspec's); the writer's touch emptied it, and the commit recorded

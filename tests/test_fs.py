@@ -240,6 +240,38 @@ def test_options_chain_to_the_inner_filesystem(tmp_path: Path) -> None:
         fsspec.filesystem("durable", target_protocol="memory", verify="sometimes")
 
 
+def test_a_durable_url_given_to_durables_own_api_is_refused_naming_the_url_to_give(
+        place: Place) -> None:
+    """A ``durable::`` URL (kept in a config for pandas) handed to `durable.atomic_write`
+    or `durable.Entry` resolved to the generic adapter over the durable:: filesystem:
+    atomic_write published the object, then failed writing its marker with "paths inside
+    '.durable' directories hold durable's records", and Entry.writing failed the same way,
+    neither saying what was wrong. Refused before anything is written, naming the URL to
+    give instead (the store's own: durable's API records and verifies by itself)."""
+    url = place.url("ckpt.npz")
+    inner = url[len("durable::"):]
+    so = place.inner_options
+
+    def write() -> None:
+        with durable.atomic_write(url, storage_options=so) as f:
+            f.write(b"weights")
+
+    calls: list[Callable[[], object]] = [
+        write, lambda: durable.Entry(url, storage_options=so),
+        lambda: durable.read_verified(url, storage_options=so),
+        lambda: durable.Lease(url, storage_options=so),
+        lambda: durable.cached(url, storage_options=so)(lambda_free)(1)]
+    for call in calls:
+        with pytest.raises(ValueError, match="durable::") as info:
+            call()
+        assert repr(inner) in str(info.value)
+    assert place.objects() == []
+
+
+def lambda_free(x: int) -> int:
+    return x
+
+
 def test_pickles_for_workers(place: Place) -> None:
     import pickle
 
@@ -350,6 +382,53 @@ def test_pipe_put_copy_move_touch_are_recorded(place: Place, tmp_path: Path) -> 
     for key in ("ops/put", "ops/copied", "ops/moved", "ops/empty"):
         assert place.record(key) is not None, key
     assert place.marker("ops/piped") is None and not place.inner.exists(place.path("ops/piped"))
+
+
+def test_an_upload_of_a_damaged_local_checkpoint_is_refused(place: Place,
+                                                            tmp_path: Path) -> None:
+    """``put`` reads the local source against its record, as ``cp`` reads its source: a
+    checkpoint committed on local disk, then damaged there (a flipped byte; a file cut
+    short), was uploaded as it was and recorded with the damaged bytes' own CRC32C, so the
+    copy verified deep and every read returned the damage as data."""
+    local = tmp_path / "ckpt" / "step-100"
+    with durable.Entry(str(local)).writing() as w:
+        w.fs.pipe_file(f"{w.path}/model.bin", os.urandom(70_000))
+        w.fs.pipe_file(f"{w.path}/meta.json", b'{"step": 100}')
+    single = tmp_path / "ckpt" / "model.npz"
+    with durable.atomic_write(str(single)) as f:
+        f.write(os.urandom(5_000))
+    model = local / "model.bin"
+    flipped = bytearray(model.read_bytes())
+    flipped[1234] ^= 1
+    model.write_bytes(bytes(flipped))
+    os.truncate(single, 4_000)
+    fs, root = fsspec.url_to_fs(place.url("up"), **place.so)
+    with pytest.raises(IntegrityError, match=r"model\.bin.*CRC32C"):
+        fs.put_file(str(model), f"{root}/model.bin")
+    with pytest.raises(IntegrityError, match=r"model\.npz.*5000 bytes.*4000"):
+        fs.put_file(str(single), f"{root}/model.npz")
+    with pytest.raises(IntegrityError, match=r"model\.bin"):
+        fs.put(str(local), f"{root}/step-100", recursive=True)
+    assert not place.inner.exists(place.path("up/model.bin"))
+    assert not place.inner.exists(place.path("up/model.npz"))
+    assert not place.inner.exists(place.path("up/step-100/model.bin"))
+    # A link is read as the file it names, against that file's record.
+    (tmp_path / "link.bin").symlink_to(model)
+    with pytest.raises(IntegrityError, match=r"model\.bin.*CRC32C"):
+        fs.put_file(str(tmp_path / "link.bin"), f"{root}/link.bin")
+    # Undamaged and unrecorded files upload as before, through links too (a Hugging Face
+    # snapshot's files are links into its blobs/).
+    (tmp_path / "plain.bin").write_bytes(b"no record")
+    (tmp_path / "snapshot").mkdir()
+    (tmp_path / "snapshot" / "model.bin").symlink_to(tmp_path / "plain.bin")
+    (tmp_path / "snapshot" / "meta.json").symlink_to(local / "meta.json")
+    fs.put_file(str(local / "meta.json"), f"{root}/meta.json")
+    fs.put_file(str(tmp_path / "plain.bin"), f"{root}/plain.bin")
+    fs.put(str(tmp_path / "snapshot"), f"{root}/snapshot", recursive=True)
+    assert fs.cat_file(f"{root}/meta.json") == b'{"step": 100}'
+    assert fs.cat_file(f"{root}/plain.bin") == b"no record"
+    assert fs.cat_file(f"{root}/snapshot/model.bin") == b"no record"
+    assert fs.cat_file(f"{root}/snapshot/meta.json") == b'{"step": 100}'
 
 
 def test_a_directory_moves_and_copies_recursively(place: Place) -> None:

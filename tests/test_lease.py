@@ -44,6 +44,7 @@ from durable.adapters import resolve
 from durable.adapters.base import VersionMismatchError
 from durable.testing.faults import FaultProxy, Match, delay, error, strip_headers
 from durable.testing.pytest_plugin import Bucket
+from test_ops import zarr_write_held_at_its_marker
 
 BEAT, STALE = 0.2, 1.0
 
@@ -560,6 +561,166 @@ def test_delete_refuses_a_live_holders_entry_unless_forced(place: Place) -> None
         w.write_bytes("a", b"second")
         place.entry().delete(force=True)
     assert entry.state() is State.ABSENT
+
+
+# a delete racing writers without a lease -------------------------------------------------
+@contextlib.contextmanager
+def paused_delete(monkeypatch: pytest.MonkeyPatch, entry: Entry
+                  ) -> Iterator[tuple[threading.Event, list[BaseException | None]]]:
+    """``entry.delete()`` on a thread, stopped right after it removed the data (before the
+    records), until the block ends: yields (the event set once it is stopped there, the
+    delete's outcome once the block has ended: None or what it raised)."""
+    import durable._entry
+    import durable._nesting
+
+    removed, go_on = threading.Event(), threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def pause_after(original: Any) -> Any:
+        def delete_tree(*args: Any, **kwargs: Any) -> None:
+            original(*args, **kwargs)
+            if threading.current_thread() is deleting and not removed.is_set():
+                removed.set()
+                assert go_on.wait(30)
+        return delete_tree
+
+    for module in (durable._nesting, durable._entry):
+        if hasattr(module, "delete_tree"):
+            monkeypatch.setattr(module, "delete_tree", pause_after(module.delete_tree))
+
+    def run() -> None:
+        try:
+            entry.delete()
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test
+            outcome.append(exc)
+
+    deleting = threading.Thread(target=run)
+    deleting.start()
+    try:
+        assert removed.wait(30), "the delete never reached its removal of the data"
+        yield removed, outcome
+    finally:
+        go_on.set()
+        deleting.join(30)
+
+
+def test_a_writer_starting_while_a_delete_removes_the_entry_is_refused(
+        place: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A COMPLETE entry being deleted; a rerun starts over it (overwrite=True, the way a
+    pipeline reruns a step) while the delete removes the data. The delete only looked for
+    a live lease before it began: the rerun cleared, wrote and committed (told it
+    succeeded), and the delete then removed its marker with the records, leaving its
+    data unmarked: a success undone with no error to anyone. The delete now holds the
+    entry's lease while it removes: the rerun is refused, naming it, and its retry once
+    the delete is done commits whole data."""
+    entry = place.entry()
+    with entry.writing() as w:
+        w.write_bytes("a", b"old-a")
+        w.write_bytes("b", b"old-b")
+
+    def rerun() -> None:
+        with place.entry().writing(overwrite=True) as w:
+            w.write_bytes("a", b"new-a")
+            w.write_bytes("c", b"new-c")
+
+    with paused_delete(monkeypatch, entry) as (_, outcome):
+        with pytest.raises(IncompleteExistsError, match=r"Entry\.delete\(\) removing"):
+            rerun()
+        with pytest.raises(IncompleteExistsError):
+            place.entry().writing().__enter__()  # a fresh writer too
+    assert outcome == [None]
+    assert entry.state() is State.ABSENT
+    rerun()
+    assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok
+    assert sorted(entry.read_marker().manifest.objects) == ["a", "c"]  # type: ignore[union-attr]
+
+
+def test_a_writer_committing_while_a_delete_removes_the_entry_never_ends_half_done(
+        place: Place, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer without a lease started before the delete (its first object removed with
+    the entry), writes on and commits while the delete removes the rest. The delete's
+    removal of the records took the marker just committed: the writer was told it
+    succeeded, the delete too, and the entry held the writer's objects unmarked. Now one
+    of the two fails, loudly, and the entry is either whole and COMPLETE or gone: the
+    writer finds the delete's lease at its commit, or (on S3, whose commit does not list
+    the records) the delete finds the marker and keeps it, all its data written after
+    the removal."""
+    entry = place.entry()
+    cm = place.entry().writing()
+    w = cm.__enter__()
+    w.write_bytes("a", b"early")
+    failed: list[BaseException] = []
+    with paused_delete(monkeypatch, entry) as (_, outcome):
+        assert not raw_exists(place, f"{entry.path}/a")
+        w.write_bytes("a", b"late-a")
+        w.write_bytes("b", b"late-b")
+        try:
+            cm.__exit__(None, None, None)
+        except BaseException as exc:  # the commit's failure, checked below
+            failed.append(exc)
+    (deleted,) = outcome
+    assert (deleted is None) != (not failed), (deleted, failed)
+    if failed:
+        (exc,) = failed
+        assert isinstance(exc, IncompleteExistsError), exc
+        assert "Entry.delete() removing" in str(exc) and entry.url in str(exc)
+        assert entry.state() is State.ABSENT
+    else:
+        assert isinstance(deleted, durable.AlreadyCompleteError), deleted
+        assert "committed it while it was being removed by this delete" in str(deleted)
+        assert entry.state() is State.COMPLETE and entry.verify(deep=True).ok
+
+
+@pytest.mark.s3
+def test_a_marker_landing_while_a_delete_removes_the_data_never_vouches_for_it(
+        s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`durable.zarr.write` commits from its own records (no listing of its chunks): its
+    look at the records came before the delete took the lease, and its marker PUT (held
+    here, as a slow network holds it) lands after the delete removed the chunks. The
+    delete's removal of the records then took that marker: the writer was told it
+    committed, and its work was gone with no error to anyone. The delete now looks for a
+    marker once the data and records are removed: one over data it removed is removed
+    too, and the delete says so (IntegrityError naming the writer's commit undone)."""
+    from durable import IntegrityError
+
+    direct = dict(s3_bucket.storage_options)
+    url = s3_bucket.path("ent.zarr")
+    entry = Entry(url, storage_options=direct)
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy, \
+            zarr_write_held_at_its_marker(proxy, url, direct) as (release, writer, wrote), \
+            paused_delete(monkeypatch, entry) as (_, outcome):
+        release.set()  # the marker lands now, the chunks already removed
+        writer.join(30)
+    assert wrote == [None]  # the writer was told it committed...
+    (deleted,) = outcome
+    # ... and the delete says that commit is undone, rather than nobody.
+    assert isinstance(deleted, IntegrityError), deleted
+    assert "committed it while it was being removed by this delete" in str(deleted)
+    assert "zarr.json" in str(deleted) or "c/" in str(deleted)
+    assert entry.read_marker() is None and entry.state() is State.ABSENT
+
+
+def test_a_writer_refused_by_a_lease_taken_since_it_started_leaves_the_data_to_the_holder(
+        place: Place) -> None:
+    """A writer without a lease finds at its commit that the entry's lease was taken
+    since it started (a waiter about to resume its entry), and refuses. Its cleanup then
+    removed the whole entry, its records showing no other writer yet: the objects the
+    holder was about to resume were taken from under it, and its resume committed
+    without them. The entry is the holder's now: the refused writer removes only its own
+    attempt record."""
+    entry = place.entry()
+    cm = entry.writing()
+    w = cm.__enter__()
+    w.write_bytes("a", b"kept for the holder")
+    with place.lease() as holder:
+        with pytest.raises(IncompleteExistsError, match="lease"):
+            cm.__exit__(None, None, None)
+        assert raw_exists(place, f"{entry.path}/a")
+        with entry.writing(lease=holder, resume=True) as w2:
+            w2.write_bytes("b", b"holder's")
+    assert entry.verify(deep=True).ok
+    assert sorted(entry.read_marker().manifest.objects) == ["a", "b"]  # type: ignore[union-attr]
 
 
 def test_zarr_and_xarray_overwrites_never_start_over_a_live_holders_entry(local: Place) -> None:

@@ -1524,3 +1524,148 @@ def test_clean_removes_a_writer_killed_in_its_first_object(tmp_path: Path) -> No
     assert [(i.kind, i.status, i.detail) for i in report.items] == [("entry", "removed", "")]
     assert Entry(f"{root}/e").state() is State.ABSENT
     assert not Path(root, "e").exists() and not record.exists()
+
+
+@contextlib.contextmanager
+def zarr_write_held_at_its_marker(proxy: Any, url: str, options: dict[str, Any]
+                                  ) -> Iterator[tuple[threading.Event, threading.Thread,
+                                                      list[BaseException | None]]]:
+    """`durable.zarr.write` of ``url`` on a thread, through ``proxy``, stopped at its
+    marker PUT (a commit from its own records: it listed none of its chunks) until the
+    event yielded is set: yields (that event, the writer's thread, its outcome once it
+    ended: None or what it raised)."""
+    import numpy as np
+
+    import durable.zarr as dz
+    from durable.testing.faults import Match
+
+    at_marker, release = threading.Event(), threading.Event()
+    wrote: list[BaseException | None] = []
+
+    def hold_the_marker(_: Any) -> bool:
+        at_marker.set()
+        assert release.wait(30)
+        return False
+
+    def write() -> None:
+        try:
+            dz.write(url, np.arange(64, dtype="i4").reshape(8, 8), chunks=(4, 4),
+                     storage_options={**options, "endpoint_url": proxy.url})
+            wrote.append(None)
+        except BaseException as exc:  # handed to the test
+            wrote.append(exc)
+
+    name = url.rstrip("/").rpartition("/")[2]
+    proxy.inject("delay", seconds=0, match=Match(
+        methods="PUT", key=f".durable/{name}/commit.json", where=hold_the_marker))
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert at_marker.wait(30)
+        yield release, writer, wrote
+    finally:
+        release.set()
+        writer.join(30)
+
+
+# a slow writer cleaned under it -------------------------------------------------------------
+@pytest.mark.parametrize("how", ["entry", "zarr"])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_slow_writer_cleaned_under_it_fails_its_commit_saying_so(
+        tmp_path: Path, request: pytest.FixtureRequest, where: str, how: str) -> None:
+    """A writer without a lease, alive but slower than `durable clean --older-than`: the
+    clean takes its entry for a killed writer's and removes it (its first objects, its
+    attempt record) while it writes on. Its commit must fail, naming the cause, and never
+    put a marker over what the clean removed; nothing of it is left COMPLETE. On a local
+    disk the commit said only "written by this writer but gone at commit" (it did not
+    list the records, which would say why)."""
+    import numpy as np
+    import zarr
+
+    import durable.zarr as dz
+    from durable import DurableError, Entry, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+
+    if where == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        root, options = bucket.path("root"), dict(bucket.storage_options)
+    else:
+        root, options = os.path.realpath(tmp_path), {}
+    url = f"{root}/slow.zarr"
+    entry = Entry(url, storage_options=options or None)
+    if how == "entry":
+        cm: Any = entry.writing()
+        w = cm.__enter__()
+        w.write_bytes("c/0", b"first")
+    else:
+        cm = dz.writing(url, storage_options=options or None)
+        group = cm.__enter__()
+        array = zarr.create_array(group, shape=(8, 8), chunks=(4, 4), dtype="i4")
+        array[:4] = 1
+    report = plan_clean(survey(*resolve(root, options or None)), older_than=0, lease_wait=0)
+    assert [i.url for i in report.items] == [entry.url]
+    apply_clean(survey(*resolve(root, options or None)), report)
+    assert report.items[0].status == "removed", report.items[0].detail
+    with pytest.raises(DurableError) as failed:
+        if how == "entry":
+            w.write_bytes("c/1", b"second")
+        else:
+            array[4:] = np.full((4, 8), 2, dtype="i4")
+        cm.__exit__(None, None, None)
+    message = str(failed.value)
+    assert "not committing" in message and "durable clean" in message, message
+    assert entry.url in message
+    assert entry.read_marker() is None
+    assert entry.state() is State.ABSENT
+
+
+@pytest.mark.s3
+def test_a_marker_landing_while_clean_removes_the_data_never_vouches_for_it(
+        s3_bucket: Any) -> None:
+    """`durable.zarr.write` (a commit from its own records, no listing of its chunks)
+    looked at its records before `durable clean` took the entry's lease, and its marker
+    PUT (held here, as a slow network holds it) lands after the clean removed its
+    chunks. The clean kept that marker ("failed"): a marker vouching for data gone, read
+    COMPLETE wherever its first and last chunks were written after the removal. It is
+    now removed with what is left, and the clean's report says that commit is undone."""
+    from durable import Entry, State
+    from durable._ops import apply_clean, plan_clean
+    from durable._scan import survey
+    from durable.adapters import resolve
+    from durable.testing.faults import FaultProxy, Match
+
+    direct = dict(s3_bucket.storage_options)
+    root, url = s3_bucket.path("root"), s3_bucket.path("root", "slow.zarr")
+    deleted = threading.Event()
+
+    def data_deleted(info: Any) -> bool:
+        deleted.set()
+        return False
+
+    def then_the_marker_lands(_: Any) -> bool:
+        # The clean's look at the marker once the chunks are gone: the writer's PUT
+        # lands first.
+        if deleted.is_set() and not release.is_set():
+            release.set()
+            writer.join(30)
+        return False
+
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy, \
+            zarr_write_held_at_its_marker(proxy, url, direct) as (release, writer, wrote):
+        sv = survey(*resolve(root, {**direct, "endpoint_url": proxy.url}))
+        report = plan_clean(sv, older_than=0, lease_wait=0)
+        assert [i.url for i in report.items] == [Entry(url).url]
+        proxy.inject("delay", seconds=0, match=Match(
+            methods="POST", query="delete", where=data_deleted))
+        proxy.inject("delay", seconds=0, match=Match(
+            methods="HEAD", key=".durable/slow.zarr/commit.json",
+            where=then_the_marker_lands))
+        apply_clean(sv, report)
+    assert wrote == [None]  # the writer was told it committed
+    (item,) = report.items
+    assert item.status == "failed", (item.status, item.detail)
+    assert "committed it while it was being removed by durable clean" in item.detail
+    entry = Entry(url, storage_options=direct)
+    assert entry.read_marker() is None and entry.state() is State.ABSENT

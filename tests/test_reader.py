@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
@@ -156,6 +157,33 @@ def test_a_key_outside_the_entry_is_refused_before_any_read(place: Place, key: s
         for call in (r.read, r.open, r.record):
             with pytest.raises(ValueError, match="not a key inside the entry"):
                 call(key)
+
+
+def test_keys_built_with_pathlib_are_the_keys_they_spell(
+        where: tuple[str, dict[str, Any] | None]) -> None:
+    """``PurePosixPath("model") / "weights.bin"``, how a loader builds its keys: ``in``
+    said False for an object the commit holds (a resume that checks for its optimizer
+    state that way went on without it, silently), and reads and writes refused it as
+    "not a key inside the entry". A path object is the key its text spells, on both
+    sides; one that is not a key inside the entry is still refused."""
+    url, options = where
+    entry = Entry(url, storage_options=options)
+    model = PurePosixPath("model")
+    with entry.writing() as w:
+        w.write_bytes(model / "weights.bin", WEIGHTS_A)
+        with w.open(PurePosixPath("optimizer.pt")) as f:
+            f.write(b"adam state")
+    with entry.reading() as r:
+        assert r.keys() == ["model/weights.bin", "optimizer.pt"]
+        assert PurePosixPath("optimizer.pt") in r and model / "weights.bin" in r
+        assert PurePosixPath("scheduler.pt") not in r
+        assert r.read(model / "weights.bin") == WEIGHTS_A
+        with r.open(PurePosixPath("optimizer.pt")) as f:
+            assert f.read() == b"adam state"
+        assert r.record(model / "weights.bin").size == len(WEIGHTS_A)
+        assert r.url(model / "weights.bin") == r.url("model/weights.bin")
+        with pytest.raises(ValueError, match="not a key inside the entry"):
+            r.read(PurePosixPath("/etc/passwd"))
 
 
 def test_only_a_complete_entry_is_read(place: Place) -> None:

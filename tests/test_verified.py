@@ -180,6 +180,33 @@ def write_zip(place: Place) -> tuple[str, dict[str, bytes]]:
     return place.canonical("a.zip"), members
 
 
+@pytest.mark.parametrize("mode", ["r", "rt"])
+def test_text_mode_reads_text_as_atomic_write_wrote_it(place: Place, mode: str) -> None:
+    """``open_verified(url, "r")`` took "r" and handed out bytes: a vocabulary written with
+    ``atomic_write(url, "w")`` and read back line by line gave ``b"hello\\n"`` where the
+    writer wrote ``"hello\\n"``, and a dict built from it silently missed every ``str``
+    key. Text mode reads text (``encoding``, ``errors``, ``newline`` as ``open``), still
+    checked: damage is an IntegrityError at the read that reaches it."""
+    words = ["hello", "wörld", "ĉu", *(f"tok{i}" for i in range(3000))]
+    with atomic_write(place.url("vocab.txt"), "w", encoding="utf-8") as f:
+        f.writelines(w + "\n" for w in words)
+    with open_verified(place.url("vocab.txt"), mode, encoding="utf-8") as f:
+        vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+    assert vocab["wörld"] == 1 and len(vocab) == len(words)
+    with open_verified(place.url("vocab.txt"), mode, encoding="latin-1",
+                       newline="") as f:
+        assert f.readline() == "hello\n" and f.read(2) == "w\u00c3"
+    damage_at = len("hello\nwörld\nĉu\n".encode()) + 2
+    raw = bytearray(place.read("vocab.txt") or b"")
+    raw[damage_at] ^= 1
+    place.write("vocab.txt", bytes(raw))
+    with pytest.raises(IntegrityError, match=r"vocab\.txt"), open_verified(
+            place.url("vocab.txt"), mode, encoding="utf-8") as f:
+        f.read()
+    with pytest.raises(ValueError, match="'rb', 'r'"):
+        open_verified(place.url("vocab.txt"), "w")
+
+
 def test_zip_reads_through_open_verified(place: Place) -> None:
     url, members = write_zip(place)
     with open_verified(url) as f, zipfile.ZipFile(f) as z:

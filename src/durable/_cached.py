@@ -216,11 +216,18 @@ class CachedFunction(Generic[P, R]):
         entry = self.entry(*args, **kwargs)
         # Refused here, not by delete(): its advice would name a force= that clear (whose
         # keywords are the function's) does not have.
-        refuse_live_lease(entry, "clearing", hint=(
-            f"Wait for that writer to commit or for its lease to expire, or remove it anyway "
-            f"with {self._name}.entry(...).delete(force=True) (its writer then never "
-            "commits)"))
-        entry.delete(force=True)
+        hint = (f"Wait for that writer to commit or for its lease to expire, or remove it "
+                f"anyway with {self._name}.entry(...).delete(force=True) (its writer then "
+                "never commits)")
+        refuse_live_lease(entry, "clearing", hint=hint)
+        try:
+            # Not forced: a call that took the lease since the look above is refused, not
+            # removed under it (forced, its lease went and its result never committed).
+            entry.delete()
+        except IncompleteExistsError as exc:
+            raise IncompleteExistsError(f"{entry.url}: not clearing: a call took its lease "
+                                        f"as it was being cleared ({exc}). {hint}",
+                                        url=entry.url) from None
 
     def recompute(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Compute again and replace the stored result (IncompleteExistsError if another

@@ -294,7 +294,10 @@ def commit(entry: Entry, writer: EntryWriter, unrecorded: Literal["adopt", "erro
         # A writer with no fragments lists only to fail early: where the store enforces
         # create-only, the marker write decides the race alone (AlreadyCompleteError,
         # and the loser removes nothing: the marker is there), one request less.
-        early_only = not writer._fragments and entry.adapter.capabilities.create_only
+        # Not on a local disk or in memory, where the listing costs microseconds and
+        # shows a lease taken since this writer started (below).
+        early_only = (not writer._fragments and entry.adapter.capabilities.create_only
+                      and not entry.adapter.capabilities.in_process)
         in_records = {} if early_only else entry.adapter.list(entry.layout.records)
         listed = not early_only
     else:
@@ -303,6 +306,8 @@ def commit(entry: Entry, writer: EntryWriter, unrecorded: Literal["adopt", "erro
         raise AlreadyCompleteError(
             f"{entry.url}: another writer committed this entry first", url=entry.url)
     if listed:
+        if lease is None:
+            _refuse_taken_lease(entry, in_records)
         writer.refuse_started_over(in_records)
     fragments = {k: i for k, i in in_records.items()
                  if k.startswith(f"fragments/{writer.attempt}/")}
@@ -316,7 +321,17 @@ def commit(entry: Entry, writer: EntryWriter, unrecorded: Literal["adopt", "erro
     else:
         listing = (writer._listing if writer._listing is not None
                    else entry.adapter.list(entry.path))
-        records = _reconcile(entry, writer, recorded, listing, fragments, unrecorded)
+        try:
+            records = _reconcile(entry, writer, recorded, listing, fragments, unrecorded)
+        except IntegrityError:
+            if not listed:
+                # Objects gone at commit: why, where the records tell (a delete or clean
+                # removing the entry), rather than "gone" alone. Listed on failure only.
+                now = entry.adapter.list(entry.layout.records)
+                if lease is None:
+                    _refuse_taken_lease(entry, now)
+                writer.refuse_started_over(now)
+            raise
     # The records dir was made by the attempt record without fsync: its entries in
     # the parent must be durable before the marker inside it counts.
     records_dirs = [entry.layout.records.rpartition("/")[0], entry.layout.records]
@@ -363,6 +378,26 @@ def commit(entry: Entry, writer: EntryWriter, unrecorded: Literal["adopt", "erro
     background.later(tidy, f"{entry.url}: removing the committed attempt's records",
                      now=entry.adapter.capabilities.in_process)
     return marker
+
+
+def _refuse_taken_lease(entry: Entry, records: dict[str, ObjectInfo]) -> None:
+    """IncompleteExistsError, naming the holder, if the entry's lease is among ``records``
+    (a listing taken after this writer, which holds no lease, started; a fresh start
+    refuses a lease, and one starting over, resuming or updating a live one): taken
+    since, by `Entry.delete` or `durable clean` removing the entry, or by a writer that
+    now holds it. Committed, this writer's marker vouched for objects being removed (a
+    commit from its own records lists none of them) or joined the holder's writes."""
+    if not any(entry._is_lease_key(k) for k in records):
+        return
+    from durable._lease import LeaseWatch, describe  # (_lease imports _entry)
+
+    where = entry.adapter.url(entry.layout.lease)
+    holder = LeaseWatch(entry, adapter=entry.adapter, path=entry.layout.lease).peek()
+    raise IncompleteExistsError(
+        f"{entry.url}: not committing: while this writer (which holds no lease) wrote, the "
+        f"entry's lease {where} was taken ({describe(holder)}): a delete or `durable "
+        "clean` removing the entry, or another writer that holds it now; what this "
+        "writer wrote may be gone. Write it again once that is done", url=entry.url)
 
 
 def _reconcile(entry: Entry, writer: EntryWriter, recorded: dict[str, ObjectRecord],

@@ -39,11 +39,10 @@ from durable._errors import (
     UnsupportedError,
 )
 from durable._nesting import (
-    delete_tree,
+    being_removed,
+    delete_entry,
     nearest_marked,
     refuse_inside_committed,
-    refuse_leased,
-    remove_records,
 )
 from durable._pool import bounded_map
 from durable._protocol import (
@@ -562,6 +561,16 @@ class Entry:
         the documents readers open first (`OPENED_FIRST`), so a plain reader never opens
         a half-deleted tree; then the rest.
 
+        It holds the entry's lease while it removes (as `durable clean` does): a writer
+        that starts meanwhile is refused, and one without a lease that started before
+        refuses at its commit. Run it only when nothing writes the entry: such a
+        writer's attempt record and objects are removed like a killed writer's, and it
+        fails at its commit. A writer that committed while the entry was being deleted
+        is an error either way: its marker over data the delete removed is removed too
+        (IntegrityError), one over data all written after the removal is kept
+        (AlreadyCompleteError). Where the store cannot hold a lease (no conditional
+        writes) it looks for a live one first, as before.
+
         An entry whose lease another writer holds live is refused (IncompleteExistsError
         naming the entry, the holder and when its lease expires): removed under it, its
         writes under way would land in a deleted entry, or in the next writer's. An
@@ -570,16 +579,7 @@ class Entry:
         lost at its next renewal or commit and never commits, but objects it writes
         before that remain, leaving the entry INCOMPLETE.
         """
-        if not force:
-            # A writer that takes the lease after this look loses it below (its lease is
-            # removed with the records) and never commits: the window is one look wide.
-            refuse_leased(self, "deleting", "pass force=True")
-        self.adapter.delete([self.layout.marker])
-        if self.adapter.info(self.path) is not None:
-            self.adapter.delete([self.path])
-        else:
-            delete_tree(self.adapter, self.path)
-        remove_records(self.adapter, self.layout)
+        delete_entry(self, force)
 
     # reading -----------------------------------------------------------------------------
     def reading(self) -> contextlib.AbstractContextManager[EntryReader]:
@@ -672,9 +672,16 @@ class Entry:
                 # writer's to remove.
                 # Attempts first, marker second: a winner removes its attempt record only
                 # after its marker is written, so this order cannot miss both.
+                # Nor is an entry whose lease a writer took since this one (without a
+                # lease) started: the objects it resumes would be taken from under it.
+                # A delete's or clean's lease is no such writer: what this writer wrote
+                # after their removal would outlive it, INCOMPLETE.
                 if (fresh and set(self.adapter.list(self.layout.attempts))
                         <= {f"{writer.attempt}.json"}
-                        and self.adapter.info(self.layout.marker) is None):
+                        and self.adapter.info(self.layout.marker) is None
+                        and (lease is not None
+                             or self.adapter.info(self.layout.lease) is None
+                             or being_removed(self))):
                     self.adapter.delete_prefix(self.path)
                     clear_records(self)
                 else:

@@ -15,14 +15,24 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from durable._checks import WORKERS
-from durable._errors import EntryExistsError, MarkerError
-from durable._protocol import RECORDS_DIR, Layout, Marker
-from durable.adapters import Adapter
+from durable._errors import (
+    AlreadyCompleteError,
+    EntryExistsError,
+    IncompleteExistsError,
+    IntegrityError,
+    MarkerError,
+    UnsupportedError,
+)
+from durable._protocol import MARKER_NAME, RECORDS_DIR, Layout, Marker
+from durable.adapters import Adapter, ObjectInfo
+from durable.adapters.base import VersionMismatchError
 
 if TYPE_CHECKING:
     from durable._entry import Entry
+    from durable._lease import Lease
 
-__all__ = ["OPENED_FIRST", "committed_above", "delete_tree", "forget_clear", "levels",
+__all__ = ["CLEANING", "DELETING", "OPENED_FIRST", "being_removed", "committed_above",
+           "committed_meanwhile", "delete_entry", "delete_tree", "forget_clear", "levels",
            "nearest_marked", "refuse_inside_committed", "refuse_leased", "remove_records"]
 
 
@@ -147,6 +157,146 @@ def remove_records(adapter: Adapter, layout: Layout) -> None:
     by its commit, outlived the entry)."""
     with adapter.exclusive(layout.lease):
         adapter.delete_prefix(layout.records)
+
+
+#: The purpose the lease an `Entry.delete` holds states, to the writers it keeps out.
+DELETING = "Entry.delete() removing the entry"
+#: The purpose a clean's lease states, to writers it keeps out and to other cleans.
+CLEANING = "durable clean removing the entry"
+
+
+def being_removed(entry: Entry) -> bool:
+    """Whether the entry's lease is held by a delete or a clean removing the entry (one
+    read of it): a writer refused by it removes its own objects, which would outlive
+    the removal (INCOMPLETE), where those of an entry another writer took the lease of
+    are that writer's to resume."""
+    from durable._lease import LeaseWatch  # (_lease imports _entry, which imports this)
+
+    holder = LeaseWatch(entry, adapter=entry.adapter, path=entry.layout.lease).peek()
+    return holder is not None and holder.get("purpose") in (DELETING, CLEANING)
+
+
+def delete_entry(entry: Entry, force: bool) -> None:
+    """`Entry.delete`: marker, data, records, under the entry's lease.
+
+    Held for the whole removal (as `durable clean` holds it), the lease refuses every
+    writer that starts meanwhile: a fresh one finds it among the records, one starting
+    over, resuming or updating finds it live, and a writer without a lease that started
+    before finds it at its commit and refuses (`durable._commit.commit`). With only a look
+    for a live lease first, a rerun starting over the entry between the look and the
+    removal had its objects removed under it, and its commit (made meanwhile) removed with
+    the records: a success reported for data that was gone. What still falls between a
+    writer's last look and its marker is caught after the removal
+    (`committed_meanwhile`). Where the store cannot hold a lease (no conditional
+    writes), one look, as before.
+    """
+    lease = _deleting_lease(entry, force)
+    try:
+        _remove_under(entry, lease)
+    finally:
+        if lease is not None:
+            lease.release()  # and the records dir, left empty
+
+
+def _deleting_lease(entry: Entry, force: bool) -> Lease | None:
+    """The entry's lease for its removal (renewed every 2 s, stale after 10, as a
+    clean's: a delete killed while holding it keeps writers out that long), or None where
+    the store cannot hold one. Another holder's live lease: IncompleteExistsError, or with
+    ``force`` it is removed (its holder never commits); an expired one is removed."""
+    from durable._lease import Lease  # (_lease imports _entry, which imports this)
+
+    lease = Lease(entry, heartbeat=2.0, stale_after=10.0)
+    lease._purpose = DELETING
+    for _ in range(2):
+        try:
+            if lease.try_acquire():
+                return lease
+        except UnsupportedError:
+            if not force:
+                refuse_leased(entry, "deleting", "pass force=True")
+            return None
+        if force:
+            # Under the lock every renewal takes (`remove_records`'s reason): removed
+            # between a renewal's check and its rename, the lease was put back.
+            with entry.adapter.exclusive(entry.layout.lease):
+                entry.adapter.delete([entry.layout.lease])
+        else:
+            refuse_leased(entry, "deleting", "pass force=True")  # expired: removed
+    raise IncompleteExistsError(
+        f"{entry.url}: not deleting: its lease {entry.adapter.url(entry.layout.lease)} was "
+        "taken again by another writer as soon as it was freed; nothing was removed",
+        url=entry.url)
+
+
+def _remove_under(entry: Entry, lease: Lease | None) -> None:
+    a, layout = entry.adapter, entry.layout
+    # Marker first, so a half-deleted entry is never COMPLETE; then what readers open
+    # first (`OPENED_FIRST`), so a plain reader never opens a half-deleted tree.
+    a.delete([layout.marker])
+    if a.info(entry.path) is not None:
+        a.delete([entry.path])
+    else:
+        delete_tree(a, entry.path)
+    if lease is not None:
+        # Lost (this process paused past its stale_after, and a waiter took it over): a
+        # writer may be at work now, and its records are not this delete's to remove.
+        lease.check()
+    # Under the lease's lock (`remove_records`'s reason). Every record but this delete's
+    # own lease and a marker: one written meanwhile is judged below, never removed
+    # unseen (its writer was told it committed).
+    with a.exclusive(layout.lease):
+        a.delete([i.path for k, i in a.list(layout.records).items() if k != MARKER_NAME
+                  and not (lease is not None and entry._is_lease_key(k))])
+    found = a.info(layout.marker)
+    if found is not None:
+        committed_meanwhile(entry, found, "this delete")
+    if lease is None:
+        remove_records(a, layout)
+
+
+def committed_meanwhile(entry: Entry, found: ObjectInfo, by: str) -> None:
+    """A marker (``found``) written while the entry was being removed (``by``: this
+    delete, this clean): a writer without a lease that started before the removal took
+    the lease and committed from a look taken before the removal. Over
+    objects the removal took, it vouched for data that is gone (and, with the records
+    removed after it, a success its writer reported was gone with no error to anyone):
+    removed with what is left of that writer's data, and IntegrityError. Over data all
+    there (written after the removal) it is that writer's clean win: kept, and
+    AlreadyCompleteError."""
+    a, url = entry.adapter, entry.url
+    try:
+        marker = entry._read_sidecar()
+        gone = [] if marker is None else _missing_from(entry, marker)
+        what = f"objects it lists are gone ({', '.join(gone[:3])})"
+    except MarkerError as exc:
+        marker, gone, what = None, ["?"], f"it cannot be read ({exc})"
+    if marker is not None and not gone:
+        raise AlreadyCompleteError(
+            f"{url}: another writer committed it while it was being removed by {by}, with "
+            "all of its data written after the removal: its commit is kept (the entry is "
+            "COMPLETE); remove it again if it must go", url=url)
+    try:
+        if found.version is not None and a.supports_conditional(entry.layout.marker):
+            a.delete_if(entry.layout.marker, found.version)  # never a later writer's
+        else:
+            a.delete([entry.layout.marker])
+    except VersionMismatchError:
+        pass  # its writer removed it itself
+    delete_tree(a, entry.path)
+    raise IntegrityError(
+        f"{url}: a writer without a lease committed it while it was being removed by {by}, "
+        f"and its marker {a.url(entry.layout.marker)} vouched for data {by} removed: "
+        f"{what}. The marker and that writer's data were removed (the entry is ABSENT): "
+        "that writer's commit is undone; write it again if it was wanted", url=url)
+
+
+def _missing_from(entry: Entry, marker: Marker) -> list[str]:
+    """The URLs of the objects ``marker`` lists that are gone or of another size."""
+    assert marker.manifest is not None
+    listing = entry._listing(marker)
+    return [entry.adapter.url(entry.layout.object_path(k, marker.kind))
+            for k, rec in sorted(marker.manifest.objects.items())
+            if k not in listing or listing[k].size != rec.size]
 
 
 def levels(path: str) -> Iterator[tuple[str, str]]:

@@ -33,10 +33,11 @@ from durable._errors import (
     DurableError,
     IncompleteError,
     IncompleteExistsError,
+    IntegrityError,
     UnsupportedError,
 )
 from durable._lease import Lease, LeaseView, describe
-from durable._nesting import OPENED_FIRST, delete_tree
+from durable._nesting import CLEANING, OPENED_FIRST, committed_meanwhile, delete_tree
 from durable._pool import bounded_map
 from durable._protocol import (
     LEASE_NAME,
@@ -998,13 +999,19 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
             a.delete(paths)
     else:
         delete_tree(a, path)  # what readers open first, first
-    if a.info(layout.marker) is not None:
-        # A writer committed while its data was being removed: its marker stays, so the
-        # entry reads INCOMPLETE (data gone), never COMPLETE over nothing, and never vanishes
-        # without a trace.
-        item.status, item.detail = "failed", ("a writer committed it while its data was "
-                                              "being removed; its marker is kept")
-        return
+    undone = None
+    if (found := a.info(layout.marker)) is not None:
+        # A writer committed while its data was being removed. Its marker, kept, vouched
+        # for objects this clean removed (read COMPLETE where its first and last object
+        # were written after the removal): removed, with what is left of its data, and
+        # said; kept only over data all written after the removal (its clean win).
+        try:
+            committed_meanwhile(Entry(path, adapter=a), found, "durable clean")
+        except AlreadyCompleteError as exc:
+            item.status, item.detail = "failed", str(exc)
+            return
+        except IntegrityError as exc:
+            undone = str(exc)
     # Only the records planned, each still as planned: a writer that started while the
     # data was being removed (a waiter taking the stale lease over, a new attempt record)
     # keeps its records. Removing its lease would leave it writing unaware, its writes
@@ -1028,7 +1035,7 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
         {LEASE_NAME} if lease is not None and listed.get(LEASE_NAME) is not None
         and listed[LEASE_NAME].version == lease.version else set()))
     a.prune(layout.records)
-    if not ours and not kept:
+    if not ours and not kept and not undone:
         # Another clean of the same root removed them first (both passed the checks
         # above): one removal, reported once, not by both.
         item.status, item.detail = "skipped", _GONE
@@ -1039,7 +1046,7 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
             "a writer started while its data was being removed; its records are kept ("
             + ", ".join(a.url(f"{layout.records}/{k}") for k in kept[:3]) + ")")
         return
-    item.status = "removed"
+    item.status, item.detail = ("failed", undone) if undone else ("removed", "")
 
 
 def _remove_never_followed(a: Adapter, item: CleanItem, now: ObjectInfo, marker: str) -> None:
@@ -1065,9 +1072,6 @@ def _remove_never_followed(a: Adapter, item: CleanItem, now: ObjectInfo, marker:
         return
     item.status = "removed"
 
-
-#: The purpose a clean's lease states, to writers it keeps out and to other cleans.
-CLEANING = "durable clean removing the entry"
 
 #: Why an item found gone at its removal is skipped.
 _GONE = "already removed since the plan (by another clean of this root, or a delete)"

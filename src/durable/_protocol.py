@@ -38,7 +38,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from durable._checksum import CRC32C_RESIDUE, crc32c, crc_from_hex, crc_to_hex
 from durable._error_document import refuse_error_document
@@ -59,6 +59,7 @@ __all__ = [
     "carries_record",
     "check_key",
     "is_attempt_record",
+    "key_text",
     "new_attempt_id",
     "record_fields",
     "written_key",
@@ -167,6 +168,21 @@ def check_key(key: object, where: str) -> str:
                 f"{where}: manifest key {key!r:.80} has a {part or 'empty'!r} segment; "
                 "keys must stay inside the entry", url=where)
     return key
+
+
+@overload
+def key_text(key: str | os.PathLike[str]) -> str: ...
+
+
+@overload
+def key_text(key: object) -> object: ...
+
+
+def key_text(key: object) -> object:
+    """A key given as a path object (``PurePosixPath("model") / "weights.bin"``, how loaders
+    build them) as the text it spells; any other value as it is, for the checks to judge.
+    As a path object, ``in`` an `EntryReader` said False for an object the commit holds."""
+    return os.fspath(key) if isinstance(key, os.PathLike) else key
 
 
 def written_key(key: str, url: str) -> str:

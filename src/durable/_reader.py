@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from durable._checksum import crc32c as crc32c_of
 from durable._checksum import crc_to_hex
 from durable._errors import DurableError, IncompleteError, IntegrityError
-from durable._protocol import Marker, ObjectRecord, State, check_key
+from durable._protocol import Marker, ObjectRecord, State, check_key, key_text
 from durable._verified import VerifiedReader, missing_error
 from durable.adapters import ObjectInfo
 
@@ -40,8 +41,9 @@ class EntryReader:
     """Reads of the commit ``marker`` of ``entry``: each object checked against its
     manifest (`read`, `open`), so that all of them are of that one commit.
 
-    Keys are as in the manifest (``"model/weights.bin"``); a single-object entry has the
-    one key ``""``.
+    Keys are as in the manifest (``"model/weights.bin"``, or a path object spelling it,
+    ``PurePosixPath("model") / "weights.bin"``); a single-object entry has the one key
+    ``""``.
     """
 
     def __init__(self, entry: Entry, marker: Marker) -> None:
@@ -58,15 +60,17 @@ class EntryReader:
         return sorted(self.manifest.objects)
 
     def __contains__(self, key: object) -> bool:
+        key = key_text(key)  # a path object is the key it spells
         return isinstance(key, str) and key in self.manifest.objects
 
-    def url(self, key: str = "") -> str:
+    def url(self, key: str | os.PathLike[str] = "") -> str:
         """The URL of the object ``key`` of the entry."""
-        return self.entry.adapter.url(self._path(key))
+        return self.entry.adapter.url(self._path(key_text(key)))
 
-    def record(self, key: str = "") -> ObjectRecord:
+    def record(self, key: str | os.PathLike[str] = "") -> ObjectRecord:
         """The manifest's record (size, CRC32C) of ``key``; FileNotFoundError naming it
         if this commit has no such object."""
+        key = key_text(key)
         self._path(key)  # a hostile key is refused before anything is looked up
         rec = self.manifest.objects.get(key)
         if rec is None:
@@ -76,8 +80,9 @@ class EntryReader:
                 f"(its manifest lists {n} object{'s' if n != 1 else ''})")
         return rec
 
-    def read(self, key: str = "") -> bytes:
+    def read(self, key: str | os.PathLike[str] = "") -> bytes:
         """The whole object ``key``, only if it is this commit's: its size and CRC32C."""
+        key = key_text(key)
         rec = self.record(key)
         adapter, path = self.entry.adapter, self._path(key)
         url = adapter.url(path)
@@ -100,11 +105,12 @@ class EntryReader:
             raise self._explained(exc) from exc
         return data
 
-    def open(self, key: str = "") -> BinaryIO:
+    def open(self, key: str | os.PathLike[str] = "") -> BinaryIO:
         """A read-only file of the object ``key`` that raises instead of handing out bytes
         of another commit: its size checked at the open, its CRC32C before the last bytes
         go out (read in order) or, at the first seek away from order, over the whole object
         before any byte (as `durable.open_verified`)."""
+        key = key_text(key)
         rec = self.record(key)
         adapter, path = self.entry.adapter, self._path(key)
         try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK
@@ -22,7 +24,7 @@ from durable._errors import UnsupportedError
 if TYPE_CHECKING:
     from durable._writer import EntryWriter
 
-__all__ = ["GrowingBuffer", "RecordingFileSystem", "TextAtomicWriter", "stay_put"]
+__all__ = ["GrowingBuffer", "RecordingFileSystem", "TextAtomicWriter", "put_local", "stay_put"]
 
 _COPY_BLOCK = 8 * 1024 * 1024
 
@@ -34,6 +36,48 @@ def stay_put(here: int, offset: int, whence: int, name: str) -> int:
         return here
     raise io.UnsupportedOperation(f"{name}: an atomic write only appends; seek() can stay "
                                   f"at {here}, not move")
+
+
+def put_local(lpath: str, open_target: Callable[[], Any], callback: Any) -> None:
+    """Copy the local file ``lpath`` into the file ``open_target()`` opens for writing,
+    read against the file's record (its marker, or the manifest of the local entry that
+    holds it), as a copy's source is: a checkpoint committed on local disk and damaged
+    since (a flipped byte, a file cut short) was uploaded unchecked and recorded with the
+    damaged bytes' own CRC32C, to verify deep and be read as good from then on. An
+    unrecorded file is checked for its length only. The source is opened first: a refused
+    one opens nothing to write."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from durable._verified import expected_of, missing_error, open_verified_path
+    from durable.adapters.local import LocalAdapter
+
+    # A link is the file it names, as open() reads it: a Hugging Face snapshot's files
+    # are links into its blobs/, which durable's own reads (which follow no link) refused.
+    path = os.path.realpath(LocalFileSystem._strip_protocol(lpath))
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        special = False  # missing: named below, as the adapter names it
+    if special:
+        # A FIFO or a device holds no record: read as it comes, as before.
+        with open(path, "rb") as src, open_target() as dst:
+            _copy(src, dst, callback)
+        return
+    adapter = LocalAdapter(LocalFileSystem())
+    size, crc, tail = expected_of(adapter, path)
+    info = adapter.info(path)
+    if info is None:
+        raise missing_error(adapter, path, adapter.url(path), size)
+    with open_verified_path(adapter, path, size, crc, info=info, stat_taken=True,
+                            tail=tail) as src, open_target() as dst:
+        callback.set_size(info.size)
+        _copy(src, dst, callback)
+
+
+def _copy(src: Any, dst: Any, callback: Any) -> None:
+    while block := src.read(_COPY_BLOCK):
+        dst.write(block)
+        callback.relative_update(len(block))
 
 
 class GrowingBuffer(io.BufferedWriter):
@@ -118,12 +162,8 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
             return
-        with open(lpath, "rb") as src, self.writer.open(
-                self.writer.key_of(rpath), create_only=mode == "create") as f:
-            callback.set_size(os.fstat(src.fileno()).st_size)
-            while block := src.read(_COPY_BLOCK):
-                f.write(block)
-                callback.relative_update(len(block))
+        put_local(lpath, lambda: self.writer.open(self.writer.key_of(rpath),
+                                                  create_only=mode == "create"), callback)
 
     def touch(self, path: str, truncate: bool = True, **kwargs: Any) -> None:
         self._still_writing()

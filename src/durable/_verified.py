@@ -16,7 +16,7 @@ import errno
 import io
 import numbers
 from dataclasses import dataclass
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO, Literal, NoReturn, TextIO, overload
 
 from durable._checksum import Checksum, crc_to_hex
 from durable._checksum import crc32c as crc32c_of
@@ -347,11 +347,33 @@ def _read_verified(adapter: Adapter, path: str, expected_size: int | None,
     return data
 
 
+@overload
+def open_verified(url: str, mode: Literal["rb"] = "rb", *,
+                  storage_options: dict[str, Any] | None = None,
+                  expected_size: int | None = None, expected_crc32c: int | None = None,
+                  require_record: bool = True, encoding: None = None,
+                  errors: None = None, newline: None = None) -> BinaryIO: ...
+
+
+@overload
+def open_verified(url: str, mode: Literal["r", "rt"], *,
+                  storage_options: dict[str, Any] | None = None,
+                  expected_size: int | None = None, expected_crc32c: int | None = None,
+                  require_record: bool = True, encoding: str | None = None,
+                  errors: str | None = None, newline: str | None = None) -> TextIO: ...
+
+
 def open_verified(url: str, mode: str = "rb", *,
                   storage_options: dict[str, Any] | None = None,
                   expected_size: int | None = None, expected_crc32c: int | None = None,
-                  require_record: bool = True) -> BinaryIO:
+                  require_record: bool = True, encoding: str | None = None,
+                  errors: str | None = None, newline: str | None = None
+                  ) -> BinaryIO | TextIO:
     """A read-only file that raises IntegrityError instead of returning wrong bytes.
+
+    ``mode``: ``"rb"`` (bytes), or ``"r"``/``"rt"`` (text, decoded with ``encoding``,
+    ``errors`` and ``newline`` as `open` takes them, as `atomic_write` writes it with
+    ``"w"``), checked the same way underneath.
 
     Every read is checked against the recorded length (a short body raises, it is never
     taken for end of file). Read front to back, the CRC32C is checked as the bytes pass
@@ -361,8 +383,25 @@ def open_verified(url: str, mode: str = "rb", *,
     CRC32C, an object of at most 64 KiB is checked the same way for being an error document
     (`error_document`): at its last byte when read in order, whole at the first seek away.
     """
-    if mode not in ("rb", "r"):
-        raise ValueError(f"open_verified reads bytes: mode must be 'rb', got {mode!r}")
+    if mode not in ("rb", "r", "rt"):
+        raise ValueError(f"open_verified reads: mode must be 'rb', 'r' or 'rt', got {mode!r}")
+    if mode == "rb":
+        if encoding is not None or errors is not None or newline is not None:
+            raise ValueError("open_verified: encoding, errors and newline are for text "
+                             "mode ('r'), not 'rb'")
+        return _open_verified(url, storage_options, expected_size, expected_crc32c,
+                              require_record)
+    # Text, as open(url, "r") gives it: "r" handed out bytes, and a vocabulary written
+    # with atomic_write(url, "w") came back as b"word\n" lines that no str key matched.
+    return io.TextIOWrapper(_open_verified(url, storage_options, expected_size,
+                                           expected_crc32c, require_record),
+                            encoding=encoding, errors=errors, newline=newline)
+
+
+def _open_verified(url: str, storage_options: dict[str, Any] | None,
+                   expected_size: int | None, expected_crc32c: int | None,
+                   require_record: bool) -> BinaryIO:
+    """`open_verified` in binary mode."""
     adapter, path = resolve(url, storage_options)
     for attempt in range(1, READ_ATTEMPTS + 1):
         info = adapter.info(path)  # carries the object's own record, where it has one

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -19,7 +20,7 @@ from durable._checks import LinkedRecords
 from durable._checksum import crc32c
 from durable._error_document import refuse_written_error_document
 from durable._errors import IntegrityError
-from durable._protocol import RECORDS_DIR, ObjectRecord, written_key
+from durable._protocol import RECORDS_DIR, ObjectRecord, key_text, written_key
 from durable.adapters import AtomicFile, ObjectInfo
 from durable.adapters.local import TMP_MARK
 
@@ -79,12 +80,13 @@ class EntryWriter:
             raise ValueError(f"{path!r} is outside the entry {self.url}")
         return written_key(path[len(prefix):], self.url)
 
-    def open(self, key: str, *, create_only: bool = False,
+    def open(self, key: str | os.PathLike[str], *, create_only: bool = False,
              records: bool = False) -> AtomicFile:
         """An atomic file for ``key`` (relative to the entry), recorded when committed.
 
         ``records``: the key may lie in a records folder (a copy of a committed entry
         carries the records of the entries nested in it); other writes may not."""
+        key = key_text(key)  # a path object is the key it spells
         url = self._admit(key, records)
         f = self.entry.adapter.open_atomic(f"{self.path}/{key}", create_only=create_only,
                                            durable=False)
@@ -180,13 +182,14 @@ class EntryWriter:
             url=self.url, expected="every object closed",
             found=f"{len(unfinished)} open, {len(lost)} dropped")
 
-    def write_bytes(self, key: str, data: bytes, *, create_only: bool = False
-                    ) -> ObjectInfo | None:
+    def write_bytes(self, key: str | os.PathLike[str], data: bytes, *,
+                    create_only: bool = False) -> ObjectInfo | None:
         """Write ``data`` whole at ``key`` (relative to the entry), recorded; its info.
 
         A small object on a store across a network goes as the adapter's one `put` (on S3
         its light PUT: a 600-byte zarr.json cost 2.5 ms of this process's CPU through
         s3fs's file machinery, 0.6 ms so). Same checks, same record as through `open`."""
+        key = key_text(key)  # a path object is the key it spells
         adapter = self.entry.adapter
         if adapter.capabilities.in_process or len(data) > _PUT_WHOLE_MAX:
             with self.open(key, create_only=create_only) as f:
@@ -261,9 +264,10 @@ class EntryWriter:
             raise IntegrityError(
                 f"{self.entry.url}: not committing: this writer's attempt record {where} is "
                 "gone at commit: another writer started over the entry (overwrite=True) or "
-                "a clean removed its records while this one wrote, and what it wrote may "
-                "be gone or replaced. Write it again once nothing else writes it (a "
-                "durable.Lease keeps a second writer out)", url=self.entry.url)
+                "`durable clean` or Entry.delete() removed its records while this one wrote, "
+                "and what it wrote may be gone or replaced. Write it again once nothing "
+                "else writes it (a durable.Lease keeps a second writer out)",
+                url=self.entry.url)
 
     def commit_from_records(self, records: dict[str, ObjectInfo]) -> bool:
         """Commit the manifest as recorded, without listing the entry, if ``records`` (a

@@ -117,6 +117,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -151,7 +152,7 @@ from durable._ops import (
     plan_clean,
     verify_root,
 )
-from durable._protocol import RECORDS_DIR, Layout, State
+from durable._protocol import RECORDS_DIR, Layout, State, carries_record
 from durable._scan import (
     Records,
     ScanRow,
@@ -542,6 +543,14 @@ def status(ctx: click.Context, url: str, as_json: bool) -> None:
         st = Status(State.INCOMPLETE, f"{st.reason}; entries with records of their own "
                                       f"are inside it: a root? (`durable scan {url}` lists "
                                       "them)", None)
+    elif (holder is None and st.state is State.INCOMPLETE and st.marker is None
+          and _carries_records_below(entry)):
+        # A folder uploaded object by object (durable::'s put): their records are in their
+        # metadata, which no listing shows; `verify` of it said OK, `status` only "no
+        # commit marker", as for data written without durable.
+        st = Status(State.INCOMPLETE, f"{st.reason}; objects carrying records of their "
+                                      f"own are inside it: a root? (`durable scan {url}` "
+                                      "lists them)", None)
     doc = status_doc(entry, st, holder)
     if as_json:
         _emit_json(doc)
@@ -575,6 +584,23 @@ def verify_doc(report: VerifyReport) -> dict[str, Any]:
             "problems": [{"key": p.key, "url": p.url, "issue": p.issue,
                           "expected": p.expected, "found": p.found}
                          for p in report.problems]}
+
+
+def _carries_records_below(entry: Entry) -> bool:
+    """Whether objects under the unmarked ``entry`` carry records in their own metadata
+    (S3, GCS, Azure), which no listing shows: a HEAD of each of its first
+    `_RECORDS_LOOK` objects, enough for a folder uploaded object by object, where every
+    one does, and a bounded cost for a legacy folder, where none does."""
+    adapter = entry.adapter
+    if not adapter.capabilities.object_records:
+        return False
+    first = sorted(info.path for info in adapter.list(entry.path).values())[:_RECORDS_LOOK]
+    with ThreadPoolExecutor(max(1, len(first))) as pool:
+        return any(info is not None and carries_record(info.record)
+                   for info in pool.map(adapter.info, first))
+
+
+_RECORDS_LOOK = 4
 
 
 _WORKERS = click.option("--workers", type=click.IntRange(1, 256), default=16,

@@ -42,7 +42,8 @@ What it guarantees, per object:
   whose record it hides. An entry's marker is read once per commit (`RecordCache`:
   kept, revalidated by one stat of its version before each use). ``get_file`` (what
   ``simplecache::durable::`` copies with) puts the copy in place only once every byte
-  passed: a refused body leaves no local file.
+  passed: a refused body leaves no local file. ``put_file`` reads its local source
+  against the source's record (`durable._recording.put_local`).
 - **Out of sight, out of the way.** Listings (``ls``, ``find``, ``glob``, ``walk``) hide
   the ``.durable`` record directories and local temp files; ``rm`` removes an object's
   record with it (the marker first). It never takes a lease another writer holds live
@@ -82,7 +83,7 @@ from durable._errors import IntegrityError, UnsupportedError
 from durable._nesting import refuse_inside_committed, refuse_leased, remove_records
 from durable._protocol import LEASE_NAME, RECORDS_DIR, Layout, Marker
 from durable._record_cache import RecordCache
-from durable._recording import TextAtomicWriter, stay_put
+from durable._recording import TextAtomicWriter, put_local, stay_put
 from durable._verified import (
     READ_ATTEMPTS,
     VerifiedReader,
@@ -390,12 +391,9 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
             return
-        with open(lpath, "rb") as src, self.open(
-                rpath, "xb" if mode == "create" else "wb") as dst:
-            callback.set_size(os.fstat(src.fileno()).st_size)
-            while block := src.read(_COPY_BLOCK):
-                dst.write(block)
-                callback.relative_update(len(block))
+        # Read against its record: a damaged local checkpoint is refused, not recorded.
+        put_local(lpath, lambda: self.open(rpath, "xb" if mode == "create" else "wb"),
+                  callback)
 
     def copy(self, path1: Any, path2: Any, recursive: bool = False,
              maxdepth: int | None = None, on_error: str | None = None,

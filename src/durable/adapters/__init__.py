@@ -91,6 +91,13 @@ def resolve(url: str | os.PathLike[str],
     text = os.fspath(url)
     if not text:
         raise ValueError("an empty URL names no object (it would be the current directory)")
+    if text[:9].lower() == "durable::":
+        # Resolved, it was the generic adapter over durable's own fsspec layer: an
+        # atomic_write published through it, then failed to write its marker ("paths
+        # inside '.durable' directories hold durable's records"), saying nothing of why.
+        raise ValueError(f"{text!r}: a durable:: URL is for code that writes through "
+                         "fsspec (pandas, numpy, zarr); durable's own API records and "
+                         f"verifies by itself: give it the store's URL, {text[9:]!r}")
     # The scheme of the innermost URL of a chain ("simplecache::az://c/k"): the user's own.
     scheme, sep, _ = text.rpartition("::")[2].partition("://")
     try:
