@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -943,6 +944,30 @@ def test_python_m_durable_subprocess(tmp_path: os.PathLike[str]) -> None:
     proc = durable("status", place.url("bad.zarr"))
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("durable: error: ") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_a_reader_that_goes_away_keeps_the_exit_code(tmp_path: Path, as_json: bool) -> None:
+    """`durable scan ROOT --fail-on-incomplete | head`: the table's reader leaves early. The
+    exit code stays the command's (3 here), as with --json; rich's default turned it into
+    1, an error, with nothing said: under `set -o pipefail` an OK run read as a failure."""
+    objects = {"zarr.json": b"{}", "c/0": b"x"}
+    first = write_entry(str(tmp_path / "e000.zarr"), objects)
+    for i in range(1, 400):  # a table far larger than a pipe's buffer
+        shutil.copytree(first.path, tmp_path / f"e{i:03d}.zarr")
+        shutil.copytree(tmp_path / ".durable" / "e000.zarr",
+                        tmp_path / ".durable" / f"e{i:03d}.zarr")
+    (tmp_path / "plain" / "part-0").parent.mkdir()
+    (tmp_path / "plain" / "part-0").write_bytes(b"written without durable")
+    args = ["scan", str(tmp_path), "--fail-on-incomplete", *(["--json"] if as_json else [])]
+    with subprocess.Popen([sys.executable, "-m", "durable", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(100)  # then the reader goes away, as head does
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 3, err
+    assert "Traceback" not in err
 
 
 def test_marker_read_by_scan_matches_status(place: Place) -> None:

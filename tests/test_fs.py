@@ -1028,3 +1028,23 @@ def test_s3_finished_multipart_write_reads_back_verified(
         pd.testing.assert_frame_equal(back, df)
     inner_url = place.inner.unstrip_protocol(place.path("big.bin"))
     assert durable.read_verified(inner_url, storage_options=place.inner_options) == stored
+
+
+@pytest.mark.parametrize("protocol", ["file", "memory"])
+def test_names_with_hash_and_question_mark_round_trip_on_local_and_memory(
+        protocol: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relative paths with '#' and '?' (made absolute by the filesystem, never parsed as a
+    URL) are written and read as given: the check that refuses a name adlfs would change
+    must not refuse them."""
+    monkeypatch.chdir(tmp_path)
+    root = f"rel-{uuid.uuid4().hex[:8]}"
+    fs = fsspec.filesystem("durable", target_protocol=protocol)
+    for name in ("a#b", "p#", "q?", "x?y#z"):
+        fs.pipe_file(f"{root}/{name}", name.encode())
+    for name in ("a#b", "p#", "q?", "x?y#z"):
+        assert fs.cat_file(f"{root}/{name}") == name.encode()
+    if protocol == "file":
+        names = sorted(n for n in os.listdir(tmp_path / root) if n != ".durable")
+        assert names == ["a#b", "p#", "q?", "x?y#z"]
+    else:
+        fs.fs.rm(f"/{root}", recursive=True)

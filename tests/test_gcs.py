@@ -642,6 +642,43 @@ def test_an_error_page_served_as_200_for_the_resource_names_the_object(
         read_verified(url, storage_options=bucket.storage_options)
 
 
+GCS_ERROR_JSON = json.dumps({"error": {"code": 403, "message": "Access denied."}}).encode()
+
+
+@pytest.mark.parametrize("body", [GCS_ERROR_JSON, b"{}"], ids=["error-document", "empty"])
+def test_json_that_is_not_the_answer_asked_for_is_refused_naming_it(
+        proxied: tuple[Bucket, FaultProxy], body: bytes) -> None:
+    """A gateway serving GCS's own JSON error document (or any JSON but the resource or
+    listing asked for) as 200: an IntegrityError naming the object or the listing. The
+    resource was a bare KeyError 'size' naming nothing; the listing was taken for an empty
+    one, so verify called every object "missing" and a writer was told a clean had removed
+    its attempt record."""
+    bucket, proxy = proxied
+    options = bucket.storage_options
+    url = bucket.path("a.bin")
+    with atomic_write(url, storage_options=options) as f:
+        f.write(b"z" * 1000)
+    with Entry(bucket.path("ent"), storage_options=options).writing() as w:
+        w.write_bytes("k.bin", b"k" * 100)
+
+    resource = Match(methods="GET", path=r"/o/", query="!alt")
+    proxy.add(rewrite_body(lambda _: body, match=resource))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/a.bin: GET of its resource "
+                                             "answered .*not the object's resource"):
+        read_verified(url, storage_options=options)
+    proxy.clear()
+
+    proxy.add(rewrite_body(lambda _: body, match=Match(methods="GET", path=r"/o$")))
+    with pytest.raises(IntegrityError, match=f"{bucket.name}/ent: the listing answered "
+                                             ".*not a listing of objects"):
+        adapter(bucket).list(f"{bucket.name}/ent")
+    with pytest.raises(IntegrityError, match="not a listing of objects"):
+        Entry(bucket.path("ent"), storage_options=options).verify()
+    with pytest.raises(IntegrityError, match="not a listing of objects"), \
+            Entry(bucket.path("ent2"), storage_options=options).writing() as w:
+        w.write_bytes("a.bin", b"a")
+
+
 def test_short_body_is_an_error(proxied: tuple[Bucket, FaultProxy]) -> None:
     """A store serving fewer bytes with consistent framing (incident 002/003)."""
     bucket, proxy = proxied

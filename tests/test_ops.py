@@ -157,6 +157,25 @@ def kill_writers(root: str, options: dict[str, Any], entry_names: list[str],
     assert proc.returncode == -signal.SIGKILL
 
 
+#: Writers "killed" in this process, kept referenced: a collected ``writing()`` generator
+#: would clean up after all (GeneratorExit), which a killed process never does.
+_KILLED: list[Any] = []
+
+
+def dead_leased_writer(url: str, *, stale_after: float) -> None:
+    """A writer of ``url`` holding its lease, killed in this process: one object written,
+    no more renewals, nothing cleaned up (its lease and records stay)."""
+    from durable import Entry, Lease
+
+    dead = Lease(url, heartbeat=0.05, stale_after=stale_after).acquire()
+    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
+    killed.__enter__().write_bytes("c/0", b"dead writer's")
+    dead._stop.set()  # killed: no more renewals
+    assert dead._thread is not None
+    dead._thread.join()
+    _KILLED.append(killed)
+
+
 # stores, seen from outside durable --------------------------------------------------------
 class LocalStore:
     kind = "file"
@@ -1001,6 +1020,25 @@ def test_clean_judges_leases_written_by_durable_lease(tmp_path: Path) -> None:
     assert Entry(store.url("killed.zarr")).state() is State.ABSENT
 
 
+def test_clean_names_the_holder_of_the_stale_lease_it_takes_over(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """clean's warning on stderr said "took over a stale lease (holder unreadable,
+    unchanged for 10.0 s)" of a lease whose holder its own plan named, watched for its
+    stale_after: the holder and the time watched are said."""
+    import logging
+    import socket
+
+    store = LocalStore(os.path.realpath(tmp_path))
+    dead_leased_writer(store.url("ent.zarr"), stale_after=0.3)
+    with caplog.at_level(logging.WARNING, logger="durable._lease"):
+        code, doc = run(store, "clean", store.url(), "--older-than", "0s", "--apply")
+    assert code == 0 and [i["status"] for i in doc["items"]] == ["removed"], doc
+    (took,) = [r.getMessage() for r in caplog.records
+               if "took over a stale lease" in r.getMessage()]
+    assert f"held by {socket.gethostname()} pid {os.getpid()}" in took, took
+    assert f"unchanged for {doc['waited']:.1f} s" in took, took
+
+
 def test_verify_root_reports_what_entry_verify_reports(tmp_path: Path) -> None:
     """verify ROOT works from the survey's listing; each entry's report is Entry.verify's."""
     from durable import Entry, atomic_write
@@ -1100,12 +1138,7 @@ def test_clean_keeps_the_lease_of_a_writer_that_took_over_while_it_removed_the_d
 
     root = os.path.realpath(tmp_path)
     url = f"{root}/ent.zarr"
-    dead = Lease(url, heartbeat=0.05, stale_after=0.5).acquire()
-    killed = Entry(url).writing(lease=dead)  # kept, never ended: nothing cleaned up
-    killed.__enter__().write_bytes("c/0", b"dead writer's")
-    dead._stop.set()  # killed: no more renewals
-    assert dead._thread is not None
-    dead._thread.join()
+    dead_leased_writer(url, stale_after=0.5)
     adapter, path = resolve(root)
     sv = survey(adapter, path)
     report = plan_clean(sv, older_than=0, lease_wait=2.0)

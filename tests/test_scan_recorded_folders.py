@@ -276,3 +276,27 @@ def test_a_folder_over_the_limit_is_not_stat_ed_by_scan_but_is_by_mark_complete(
         code, doc = _cli("mark-complete", s3_bucket.url, "--apply", options=options)
         assert code == 0 and doc["entries"] == [], doc
         assert "big/model.pt" in {_key(s["url"], s3_bucket) for s in doc["skipped"]}
+
+
+def test_status_of_a_folder_of_atomic_writes_says_entries_are_inside_it(
+        bucket: Bucket, tmp_path: Path) -> None:
+    """`durable status s3://b/ckpt` of the README's layout (checkpoints by atomic_write) said
+    only "data present but no commit marker", the words for data written without durable
+    (mark-complete's case), where a local disk's sidecar records made it say a root."""
+    options = bucket.storage_options
+    _checkpoints(bucket.url, options)
+    url = bucket.path("ckpt")
+    code, doc = _cli("status", url, options=options)
+    assert code == 3 and doc["reason"] == (
+        "data present but no commit marker; objects carrying records of their own are "
+        f"inside it: a root? (`durable scan {url}` lists them)"), doc
+    # The same layout on a local disk (sidecar markers) says it too.
+    _checkpoints(str(tmp_path), {})
+    code, doc = _cli("status", str(tmp_path / "ckpt"), options={})
+    assert code == 3 and doc["reason"] == (
+        "data present but no commit marker; entries with records of their own are inside "
+        f"it: a root? (`durable scan {tmp_path / 'ckpt'}` lists them)"), doc
+    # A folder of plain objects is still data written without durable.
+    bucket.filesystem().pipe_file(f"{bucket.name}/legacy/zarr.json", b"{}")
+    code, doc = _cli("status", bucket.path("legacy"), options=options)
+    assert code == 3 and doc["reason"] == "data present but no commit marker", doc

@@ -460,6 +460,8 @@ class CleanItem:
     key: str = field(default="", repr=False)
     expect: dict[str, str | None] = field(default_factory=dict, repr=False)
     upload: Upload | None = field(default=None, repr=False)
+    stale_lease: LeaseView | None = field(default=None, repr=False)
+    """The entry's lease as the plan judged it stale: taken over on that version."""
     version: str | None = field(default=None, repr=False)
     """The version planned of an entry that is one object with no records (one whose
     marker never followed): removed only while it is still that version."""
@@ -707,9 +709,15 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
             reason += f"; {states[key][1]}"
         if odd := sv.attempt_folders(key):
             reason += f"; {odd}"
+        seen = leases.get(key)
+        # Its holder and the time watched, for the take-over's warning: it said "holder
+        # unreadable, unchanged for 10.0 s" of a lease whose holder the plan named.
+        view = (LeaseView(seen.version, seen.body, waited, seen.stale_after or waited, True)
+                if seen is not None and seen.version and states[key][0] == "stale" else None)
         items.append(CleanItem(kind, url, reason, age, f.objects, f.size, key=key,
                                expect={k: i.version for k, i in
-                                       {**f.records, **_record_temps(sv, key)}.items()}))
+                                       {**f.records, **_record_temps(sv, key)}.items()},
+                               stale_lease=view))
     items += _never_followed(sv, workers, age_since, lambda key, age: (
         blocked(sv.owners(key)) or old(age, "published (store's clock)")), kept)
 
@@ -938,7 +946,9 @@ def _take_lease(sv: Survey, item: CleanItem) -> tuple[Lease | None, str | None]:
         if not stale:
             taken = lease.try_acquire()
         else:
-            lease.take_over(LeaseView(stale, None, lease.stale_after, lease.stale_after, True))
+            lease.take_over(item.stale_lease if item.stale_lease is not None
+                            and item.stale_lease.version == stale else
+                            LeaseView(stale, None, lease.stale_after, lease.stale_after, True))
             taken = True
     except UnsupportedError:
         return None, None

@@ -20,6 +20,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 
 from durable._errors import UnsupportedError
+from durable.adapters.base import stripped
 
 if TYPE_CHECKING:
     from durable._writer import EntryWriter
@@ -116,8 +117,8 @@ class RecordingFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _strip_protocol(self, path: Any) -> Any:
         if isinstance(path, list):
-            return [self.fs._strip_protocol(p) for p in path]
-        return self.fs._strip_protocol(path)
+            return [stripped(self.fs, p) for p in path]
+        return stripped(self.fs, path)
 
     def unstrip_protocol(self, name: str) -> str:
         return str(self.fs.unstrip_protocol(name))

@@ -374,10 +374,21 @@ def _entries(n: int) -> str:
     return f"{n} entry" if n == 1 else f"{n} entries"
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # The reader went away (`durable scan ROOT | head`): the rest goes nowhere and the
+        # exit code stays the command's, as with --json. rich's own exits 1 ("an error"),
+        # silently: under `set -o pipefail` an OK verify or scan read as a failure.
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def _console() -> Console:
     # Piped output is never wrapped: a URL cut in two lines is useless to grep or cut.
     tty = sys.stdout.isatty()
-    return Console(file=sys.stdout, highlight=False, width=None if tty else 100_000)
+    return _Console(file=sys.stdout, highlight=False, width=None if tty else 100_000)
 
 
 # C0 and C1 controls (ESC starts a terminal escape sequence) and the bidi overrides that

@@ -92,7 +92,7 @@ from durable._verified import (
     replaced_since,
 )
 from durable.adapters import adapter_for_fs, refuse_ambiguous
-from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel
+from durable.adapters.base import AtomicFile, ObjectInfo, VerifyLevel, stripped
 from durable.adapters.local import TMP_MARK, LocalAdapter
 
 __all__ = ["DurableFileSystem", "DurableReadFile", "DurableWriteFile"]
@@ -340,7 +340,7 @@ class DurableFileSystem(ChainedFileSystem):  # type: ignore[misc]
         path = stringify_path(path)
         if path.startswith(PROTOCOL + "::"):
             path = path[len(PROTOCOL) + 2:]
-        return self.fs._strip_protocol(path)
+        return stripped(self.fs, path)
 
     def unstrip_protocol(self, name: str) -> str:
         return f"{PROTOCOL}::{self.adapter.url(name)}"

@@ -13,7 +13,13 @@ import threading
 from typing import Any
 
 from durable._extras import PROTOCOL_EXTRAS, missing
-from durable.adapters.base import Adapter, AtomicFile, Capabilities, ObjectInfo
+from durable.adapters.base import (
+    Adapter,
+    AtomicFile,
+    Capabilities,
+    ObjectInfo,
+    refuse_renamed,
+)
 
 __all__ = [
     "Adapter",
@@ -121,6 +127,7 @@ def refuse_ambiguous(adapter: Adapter, path: str, text: str) -> None:
     URL would name different objects on the two."""
     if "file" in type(adapter).protocols:
         return
+    refuse_renamed(text.rpartition("::")[2], path, type(adapter.fs).__name__)
     parts = path.split("/")
     if any(p in (".", "..") for p in parts) or "" in parts[1:-1]:
         raise ValueError(f"{text!r}: '.', '..' and empty segments mean different places "

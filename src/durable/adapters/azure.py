@@ -30,6 +30,9 @@ retries a request whose answer was lost, and when the first attempt had landed, 
 refuses the retry (409). The blob is then read back, and if it carries this write's token
 the write succeeded.
 
+Names: adlfs reads a path as a URL (a trailing '#' or '?' dropped, "a?b#c" made "a#c?b"),
+so a name it would change is a ValueError (`stripped`), never another blob.
+
 Uploads left open: a writer killed after staging blocks leaves a blob of uncommitted blocks
 only. It is invisible to reads and listings, but a listing that includes uncommitted blobs
 shows it, and `list_uploads` returns it (as durable's when every block ID is one durable
@@ -80,6 +83,7 @@ from durable.adapters.base import (
     caused_by,
     circling,
     exact_range,
+    stripped,
     strong_etag,
 )
 
@@ -97,6 +101,8 @@ _IN_FLIGHT = 16  # requests at once, deleting or looking at uploads
 _TOKEN = "durable_write"
 #: A block ID as `_AzureAtomicFile` names them: the writer's random prefix, the block number.
 _BLOCK_ID = re.compile(r"[0-9a-f]{16}-\d{6}")
+#: The requests that write a blob: a 404 to one of them can only be a missing container.
+_UPLOADS = frozenset({"upload_blob", "stage_block", "commit_block_list"})
 _RANGE_TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 #: azure-storage-blob's wait for the next bytes of an answer, where the storage options set
 #: no read_timeout (said in the error of a stalled request).
@@ -335,7 +341,7 @@ class AzureAdapter(Adapter):
 
     # helpers --------------------------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, str]:
-        container, _, key = self.fs._strip_protocol(path).lstrip("/").partition("/")
+        container, _, key = stripped(self.fs, path).lstrip("/").partition("/")
         return container, key
 
     @property
@@ -372,6 +378,12 @@ class AzureAdapter(Adapter):
                     f"Content-MD5 sent with them (corrupted in transit?): {exc.message}",
                     url=url, expected="the Content-MD5 sent", found="other bytes") from exc
             if isinstance(exc, ResourceNotFoundError):
+                if _error_code(exc) == "ContainerNotFound" and method in _UPLOADS:
+                    # The SDK's error (no OSError) named neither the blob nor the container:
+                    # an entry's first write into a mistyped container.
+                    raise FileNotFoundError(
+                        f"{self.url(path)}: no such container {self._split(path)[0]!r} "
+                        f"({method} answered 404 ContainerNotFound)") from None
                 raise  # gone: each caller judges what that means
             raise _failure(self.url(path), method, exc) from exc
         except AzureError as exc:
@@ -380,6 +392,7 @@ class AzureAdapter(Adapter):
     # writing --------------------------------------------------------------------------------
     def open_atomic(self, path: str, *, create_only: bool = False,
                     durable: bool = True) -> AtomicFile:
+        self._split(path)  # a name adlfs would change: refused before any byte is taken
         return _AzureAtomicFile(self, path, create_only=create_only)
 
     # reading --------------------------------------------------------------------------------

@@ -596,3 +596,31 @@ def circling(listing: str, twice: str) -> OSError:
     commit). Never a part of a listing either: an error naming the listing."""
     return OSError(f"{listing}: the listing named {twice} twice: the store's pages go round "
                    "in circles")
+
+
+
+def stripped(fs: Any, text: str) -> str:
+    """``fs._strip_protocol(text)``, refused (`refuse_renamed`) where that changed the name."""
+    path: str = fs._strip_protocol(text)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    if "file" not in protocols:  # a local path is made absolute, never parsed as a URL
+        refuse_renamed(text, path, type(fs).__name__)
+    return path
+
+
+def refuse_renamed(text: str, path: str, by: str) -> None:
+    """ValueError naming ``text`` where the filesystem ``by`` made ``path`` of it by
+    dropping or moving a '?' or '#' of the name: adlfs parses a path as a URL, so "p#"
+    became "p" (a write of "p#" replaced the blob "p", a read of it returned "p") and
+    "a?b#c" became "a#c?b"."""
+    if "?" not in text and "#" not in text:
+        return
+    # A protocol, a bucket or an account the filesystem spells otherwise may come before
+    # the key; the key itself must end the text as given.
+    tail = path.rstrip("/")
+    key = tail.partition("/")[2]
+    given = text.rstrip("/")
+    if not (given.endswith("/" + key) or given == key) if key else not given.endswith(tail):
+        raise ValueError(f"{text!r}: {by} would take this for the object {path!r} (it "
+                         "reads '?' and '#' in a path as a URL's query and fragment); give "
+                         "a name without them")

@@ -152,6 +152,20 @@ def _failure(url: str, what: str, exc: Exception) -> Exception | None:
     return None
 
 
+def _answer(url: str, what: str, doc: Any, kind: str, asked: str) -> dict[str, Any]:
+    """``doc``, if it is the JSON answer asked for (GCS and the emulators name its
+    ``kind``); else IntegrityError naming ``url``: a gateway serving GCS's JSON error
+    document as 200 made a resource a bare KeyError, and a listing an empty one (verify
+    then called every object missing)."""
+    if isinstance(doc, dict) and doc.get("kind") == kind:
+        return doc
+    err = doc.get("error") if isinstance(doc, dict) else None
+    found = (f"the error {err.get('code')} {str(err.get('message'))[:120]!r}"
+             if isinstance(err, dict) else f"{json.dumps(doc)[:80]!r}")
+    raise IntegrityError(f"{url}: {what} answered {found} with 200, not {asked} (an error "
+                         "page served as 200?)", url=url, expected=kind, found=found)
+
+
 def _refused_checksum(exc: Exception) -> bool:
     # GCS (and gcp-storage-emulator) answer 400 "Provided CRC32C ... doesn't match
     # calculated CRC32C ..."; gcsfs raises it as HttpError (ValueError if "invalid").
@@ -230,8 +244,15 @@ class _GCSAtomicFile(AtomicFile):
             if total is None:
                 raise OSError(f"{self._adapter.url(self.path)}: upload session answered "
                               f"{status} to a piece that must not finalize it")
-            resource: dict[str, Any] = json.loads(body)
-            return resource
+            try:
+                resource = json.loads(body)
+            except ValueError as exc:  # not JSON (an error page): named, not bare
+                failure = _failure(self._adapter.url(self.path), "upload", exc)
+                if failure is None:
+                    raise
+                raise failure from exc
+            return _answer(self._adapter.url(self.path), "upload", resource, "storage#object",
+                           "the object's resource")
         # 308: the session kept bytes 0..N. A piece stored in part is resent from there.
         got = reply.get("Range", "")
         persisted = int(got.rpartition("-")[2]) + 1 if got else 0
@@ -437,7 +458,8 @@ class GCSAdapter(Adapter):
             if failure is None:
                 raise
             raise failure from exc
-        return reply
+        return _answer(self.url(path), "upload", reply, "storage#object",
+                       "the object's resource")
 
     def _accept(self, path: str, resource: dict[str, Any], size: int, crc: int,
                 record: Mapping[str, str] | None = None) -> ObjectInfo:
@@ -484,6 +506,8 @@ class GCSAdapter(Adapter):
                                   key, json_out=True)
         except FileNotFoundError:
             return None
+        res = _answer(self.url(path), "GET of its resource", res, "storage#object",
+                      "the object's resource")
         return ObjectInfo(path, int(res["size"]), str(res["generation"]), _modified(res),
                           record_fields(res.get("metadata")))
 
@@ -510,6 +534,8 @@ class GCSAdapter(Adapter):
                 # gcsfs says "b/NAME/o": a listing finds no objects, it fails on no bucket
                 raise FileNotFoundError(f"{self.url(prefix)}: no such bucket "
                                         f"{bucket!r}") from None
+            page = _answer(self.url(prefix.rstrip("/")), "the listing", page,
+                           "storage#objects", "a listing of objects")
             for item in page.get("items", []):
                 name = item["name"]
                 if name.endswith("/"):

@@ -45,6 +45,14 @@ Kinds (see each class for details):
 
 Every exchange is logged in :attr:`FaultProxy.requests` (:class:`RequestRecord`).
 
+It works in front of the GCS emulators and azurite as well (tests/test_gcs.py,
+tests/test_azure.py): gcp-storage-emulator and fake-gcs-server build a resumable session's
+URI from the Host the request named, so every piece passes the proxy; azurite's SharedKey
+signature does not cover the host. ``error`` answers S3's XML document on every store
+(gcsfs and the Azure SDK raise it as the status it carries); a GCS JSON error document
+served as 200 is ``rewrite_body``. (Measured against gcp-storage-emulator 2026.7.19,
+fake-gcs-server from its Python wrapper wheel, azurite 3.35.)
+
 What the clients do on their own (measured against moto 5.2.5 with botocore 1.43,
 aiobotocore 3.10, s3fs/fsspec 2026.9.0, awscrt installed; pinned in tests/test_faults.py):
 
