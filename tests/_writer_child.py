@@ -10,8 +10,9 @@ Modes:
   ``partial`` (an object half written, its temp file open), ``written`` (all objects
   through, marker not yet written); then it commits and prints ``won`` or ``lost``
   (AlreadyCompleteError).
-- ``atomic URL N``: ``atomic_write(URL)``; step ``partial`` after N // 2 bytes reached
-  the temp file, then ``committed``.
+- ``atomic URL N [OPTIONS_JSON]``: ``atomic_write(URL)`` (with those storage options);
+  step ``partial`` after N // 2 bytes reached the temp file (on an object store: were
+  handed to the writer), then ``committed``.
 
 The parent side (`Child`) is here too, so the tests share one protocol.
 """
@@ -65,11 +66,13 @@ def _entry(url: str, n: int, how: str) -> None:
     print("won", flush=True)
 
 
-def _atomic(url: str, n: int) -> None:
+def _atomic(url: str, n: int, options: str | None) -> None:
+    import json
+
     from durable import atomic_write
 
     data = payload(0, n)
-    with atomic_write(url) as f:
+    with atomic_write(url, storage_options=json.loads(options) if options else None) as f:
         f.write(data[: n // 2])
         f.flush()  # past the BufferedWriter: the bytes are in the temp file now
         _step("partial")
@@ -137,6 +140,6 @@ if __name__ == "__main__":
     if mode == "entry":
         _entry(url, n, sys.argv[4] if len(sys.argv) > 4 else "fresh")
     elif mode == "atomic":
-        _atomic(url, n)
+        _atomic(url, n, sys.argv[4] if len(sys.argv) > 4 else None)
     else:
         raise SystemExit(f"unknown mode {mode!r}")

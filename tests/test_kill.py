@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from typing import Any
 
 import crc32c
 import pytest
@@ -23,6 +25,12 @@ from durable import (
     atomic_write,
     read_verified,
 )
+from durable._ops import apply_clean, mark_complete_root, plan_clean
+from durable._scan import scan, survey
+from durable.adapters import resolve
+from durable.testing import faults
+from durable.testing.faults import FaultProxy, Match, RequestInfo
+from durable.testing.pytest_plugin import Bucket
 
 N_OBJECTS = 8
 # attempt record written / one object / some objects / one half-written / all, no marker
@@ -148,3 +156,72 @@ def test_atomic_child_commits_when_not_killed(local: Place) -> None:
     child = Child("atomic", local.url("a.bin"), str(SIZE))
     assert child.finish() == "committed"
     assert read_verified(local.url("a.bin")) == payload(0, SIZE)
+
+
+# ------------------------------------------------------------------ S3: multipart, then killed
+BIG = 9 * 1024 * 1024  # over the 8 MiB part size: a multipart upload, its record a marker
+
+
+@pytest.mark.s3
+@pytest.mark.slow  # a child process, a 9 MiB upload and a clean: about 6 s
+def test_killed_after_multipart_complete_reads_incomplete_and_clean_removes_it(
+        s3_bucket: Bucket, boto: Any) -> None:
+    """A writer killed once CompleteMultipartUpload published the object and before its
+    marker landed (the marker PUT held by the proxy, the process SIGKILLed there): the
+    object is whole in the store, recorded nowhere. Readers must see INCOMPLETE (never
+    COMPLETE data), and scan and clean must name it and resolve it."""
+    url = s3_bucket.path("big.bin")
+    marker_key = ".durable/big.bin/commit.json"
+    stalled = threading.Event()
+
+    def marker_put(info: RequestInfo) -> bool:
+        if info.method == "PUT" and info.path.endswith(marker_key):
+            stalled.set()
+            return True
+        return False
+
+    with FaultProxy(upstream=s3_bucket.server.url) as proxy:
+        options = {**s3_bucket.storage_options, "endpoint_url": proxy.url}
+        # Held, and never forwarded: the proxy's stop cuts the delay short.
+        proxy.add(faults.delay(600, match=Match(where=marker_put)))
+        proxy.add(faults.drop_connection(match=Match(where=marker_put)))
+        child = Child("atomic", url, str(BIG), json.dumps(options))
+        child.run_until("partial")
+        child.go()
+        assert stalled.wait(120), "the child never reached its marker PUT"
+        child.kill()
+    # What the kill left, seen around durable: the whole object, no marker, no upload.
+    got = boto.get_object(Bucket=s3_bucket.name, Key="big.bin")["Body"].read()
+    assert got == payload(0, BIG)
+    keys = [o["Key"] for o in boto.list_objects_v2(Bucket=s3_bucket.name).get("Contents", [])]
+    assert marker_key not in keys
+
+    options = s3_bucket.storage_options
+    with pytest.raises(IncompleteError, match="commit record never followed"):
+        read_verified(url, storage_options=options)
+    status = Entry(url, storage_options=options).status()
+    assert status.state is State.INCOMPLETE and "never followed" in status.reason
+    (row,) = scan(s3_bucket.url, storage_options=options)
+    assert (row.url, row.state) == (url, "INCOMPLETE") and "never followed" in row.reason
+    # Never adopted as data written before durable: a bulk mark-complete leaves it.
+    adopted = mark_complete_root(survey(*resolve(s3_bucket.url, options)), apply=True)
+    assert adopted.adoptions == []
+    assert [(s.url, "never followed" in s.reason) for s in adopted.skipped] == [(url, True)]
+    assert Entry(url, storage_options=options).state() is State.INCOMPLETE
+    # durable clean removes it once old, as any dead writer's leftovers.
+    young = plan_clean(survey(*resolve(s3_bucket.url, options)), older_than=3600)
+    assert young.items == []
+    assert [(k.url, "younger than --older-than" in k.reason) for k in young.kept] == [
+        (url, True)]
+    sv = survey(*resolve(s3_bucket.url, options))
+    report = plan_clean(sv, older_than=0)
+    assert [(i.kind, i.url, "never followed" in i.reason) for i in report.items] == [
+        ("entry", url, True)]
+    apply_clean(sv, report)
+    assert [i.status for i in report.items] == ["removed"]
+    assert boto.list_objects_v2(Bucket=s3_bucket.name).get("Contents", []) == []
+    assert Entry(url, storage_options=options).state() is State.ABSENT
+    # The next writer writes it, recorded.
+    with atomic_write(url, storage_options=options) as f:
+        f.write(payload(1, BIG))
+    assert read_verified(url, storage_options=options) == payload(1, BIG)

@@ -25,7 +25,7 @@ import pytest
 import durable
 from durable import Entry, IncompleteError, IntegrityError, MarkerError, State
 from durable._checksum import crc32c, crc_to_hex
-from durable._ops import apply_clean, plan_clean, verify_root
+from durable._ops import apply_clean, mark_complete_root, plan_clean, verify_root
 from durable._scan import scan, survey
 from durable.adapters import resolve
 from durable.cli import EXIT_ERROR
@@ -424,6 +424,34 @@ def test_gcs_a_resumable_upload_keeps_its_sidecar_marker(gcs_bucket: Bucket) -> 
                                                                   "durable-crc32c"))
     assert durable.read_verified(url, storage_options=options) == data
     assert Entry(url, storage_options=options).verify(deep=True).ok
+
+
+@pytest.mark.gcs
+def test_gcs_a_resumable_upload_whose_marker_never_followed_is_never_adopted(
+        gcs_bucket: Bucket) -> None:
+    """A resumable upload is published before its marker: with the marker gone (the state
+    a writer killed between the two leaves) the object was plain data to `durable
+    mark-complete`, adopted with bytes nothing checked. Its metadata now says a marker
+    follows: readers and scan say so, mark-complete skips it, clean removes it once old."""
+    options, raw = gcs_bucket.storage_options, GCSRaw(gcs_bucket)
+    url, data = gcs_bucket.path("d", "big.bin"), os.urandom(MULTI)
+    _write(url, data, options)
+    meta = raw.resource("d/big.bin").get("metadata") or {}
+    assert isinstance(meta, dict) and meta.get("durable-record-follows") == "marker"
+    gcs_bucket.filesystem().rm(f"{gcs_bucket.name}/d/.durable/big.bin/commit.json")
+    assert raw.keys("d/") == ["d/big.bin"]
+    with pytest.raises(IncompleteError, match="commit record never followed"):
+        durable.read_verified(url, storage_options=options)
+    (row,) = scan(gcs_bucket.path("d"), storage_options=options)
+    assert row.state == "INCOMPLETE" and "never followed" in row.reason
+    adopted = mark_complete_root(survey(*resolve(gcs_bucket.path("d"), options)), apply=True)
+    assert adopted.adoptions == [] and "never followed" in adopted.skipped[0].reason
+    sv = survey(*resolve(gcs_bucket.path("d"), options))
+    report = plan_clean(sv, older_than=0, lease_wait=0)
+    assert [(i.url, "never followed" in i.reason) for i in report.items] == [(url, True)]
+    apply_clean(sv, report)
+    assert [i.status for i in report.items] == ["removed"]
+    assert raw.keys("d/") == []
 
 
 @pytest.mark.gcs

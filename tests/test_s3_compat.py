@@ -21,11 +21,13 @@ from durable import (
     State,
     UnsupportedError,
     atomic_write,
+    open_verified,
     read_verified,
 )
 from durable import _background as background
 from durable._checksum import crc32c
 from durable._fragments import FragmentRecorder
+from durable._scan import scan
 from durable.adapters import _s3_light, adapter_for_fs
 from durable.adapters.s3 import MIN_PART_SIZE, S3Adapter
 from durable.testing import faults
@@ -134,7 +136,20 @@ def test_a_head_without_content_length_is_named_never_a_key_error(
                            r"answered without a Content-Length") as caught:
             check()
         assert caught.value.found is None
+    # A GET without one: each read path names it (a pinned read said "the store answers
+    # Content-Length -1").
+    proxy.clear()
+    proxy.add(faults.strip_headers("^content-length$", method="GET", path=r"/ds/part-0$"))
+    url = s3_bucket.path("ds", "part-0")
+    with pytest.raises(IntegrityError, match=r"part-0: GET answered without a Content-Length"):
+        read_verified(url, storage_options=options)
+    with pytest.raises(IntegrityError, match=r"part-0: GET of 6 bytes from byte 0 answered "
+                       "without a Content-Length"), \
+            open_verified(url, storage_options=options) as f:
+        f.read()
+    proxy.clear()
     # A PUT answered without the CRC32C sent is checked by a HEAD: without a size, refused.
+    proxy.add(faults.strip_headers("^content-length$", method="HEAD"))
     proxy.add(faults.strip_headers(method="PUT"))
     with pytest.raises(IntegrityError, match=r"ckpt: HEAD( after write)? answered without a "
                        "Content-Length"), \
@@ -327,3 +342,171 @@ def test_a_listing_that_lags_a_workers_writes_neither_fails_nor_shortens_a_commi
     proxy.clear()
     report = entry.verify(deep=True)
     assert report.objects == 2 and not report.problems
+
+
+# --- listings without ETags ----------------------------------------------------------------
+
+def _listing(request: faults.RequestInfo) -> bool:
+    return request.method == "GET" and "list-type" in request.query
+
+
+def _no_etags(body: bytes) -> bytes:
+    return re.sub(rb"<ETag>[^<]*</ETag>", b"", body)
+
+
+def test_a_listing_without_etags_is_completed_by_heads(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], boto: Any) -> None:
+    """A gateway whose ListObjectsV2 leaves the ETags off: every commit, verify and scan of
+    an entry was refused ("no usable ETag"). Each object listed so is stat-ed (HEAD), and
+    its ETag still pins reads and catches an object replaced behind the listing."""
+    proxy, options = store
+    proxy.add(faults.rewrite_body(_no_etags, match=Match(where=_listing)))
+    url = s3_bucket.path("ent")
+    data = {f"c/{i}": os.urandom(1000 + i) for i in range(3)}
+    with Entry(url, storage_options=options).writing() as w:
+        for k, v in data.items():
+            w.write_bytes(k, v)
+    listings = [r for r in proxy.requests if r.method == "GET" and "list-type" in r.query]
+    assert listings and all("rewrite_body" in r.faults for r in listings)
+    e = Entry(url, storage_options=options)
+    assert e.state() is State.COMPLETE
+    assert e.verify(deep=True).ok
+    assert read_verified(s3_bucket.path("ent", "c/1"), storage_options=options) == data["c/1"]
+    (row,) = scan(url, storage_options=options)
+    assert row.state == "COMPLETE"
+    adapter = _in_parts(options)
+    listed = adapter.list(f"{s3_bucket.name}/ent")["c/2"]
+    boto.put_object(Bucket=s3_bucket.name, Key="ent/c/2", Body=b"other bytes")
+    with pytest.raises(IntegrityError, match="replaced since it was listed"):
+        adapter.read_range(listed.path, listed, 0, 10)
+
+
+def test_a_listing_and_head_without_etags_is_a_clear_error(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]]) -> None:
+    proxy, options = store
+    with atomic_write(s3_bucket.path("d", "obj.bin"), storage_options=options) as f:
+        f.write(b"payload")
+    proxy.add(faults.rewrite_body(_no_etags, match=Match(where=_listing)))
+    proxy.add(faults.rewrite_etag("missing", method="HEAD"))
+    with pytest.raises(IntegrityError) as info:
+        _in_parts(options).list(f"{s3_bucket.name}/d")
+    message = str(info.value)
+    assert "d/obj.bin" in message and proxy.url in message
+    assert "lists objects without an ETag" in message and "send ETags" in message
+
+
+# --- flexible checksums refused ------------------------------------------------------------
+
+def _uploads_with_any_checksum_header(request: faults.RequestInfo) -> bool:
+    """A request that uploads (PUT, POST) with any ``x-amz-checksum-*`` header: what B2
+    and OVH refuse ("Unsupported header 'x-amz-checksum-crc32' received for this API
+    call"); a GET's ``x-amz-checksum-mode`` they ignore."""
+    return request.method in ("PUT", "POST") and any(
+        name.lower().startswith("x-amz-checksum-") and name.lower() != "x-amz-checksum-mode"
+        for name, _ in request.headers.items())
+
+
+def _sent_md5(proxy: FaultProxy) -> int:
+    return sum(1 for r in proxy.requests if "content-md5" in r.headers)
+
+
+@pytest.mark.parametrize(("status", "code"), REFUSALS)
+@pytest.mark.parametrize("large_first", [False, True])
+def test_an_endpoint_refusing_the_crc32c_header_takes_content_md5_instead(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], status: int,
+        code: str, large_first: bool) -> None:
+    """A store without CRC32C (it takes botocore's default CRC32): every write failed with
+    its 400/501 and no advice. Each upload is sent again with Content-MD5, which the store
+    checks as well, and the header is never sent there again."""
+    proxy, options = store
+    proxy.add(faults.error(status, code, "Unsupported header 'x-amz-checksum-crc32c' "
+                           "received for this API call.",
+                           match=_with_header("x-amz-checksum-crc32c")))
+    adapter = _in_parts(options)
+    small, large = os.urandom(100_000), os.urandom(2 * MIN_PART_SIZE + 1000)
+    writes = [("small.bin", small), ("large.bin", large), ("again.bin", small)]
+    for name, data in (writes[1::-1] + writes[2:] if large_first else writes):
+        with atomic_write(s3_bucket.path(name), storage_options=options) as f:
+            f.write(data)
+        assert read_verified(s3_bucket.path(name), storage_options=options) == data
+    # Refused once (or by each of the 3 parts in the air at once, of an upload created
+    # with ChecksumAlgorithm), then never sent again.
+    assert _sent_with(proxy, "x-amz-checksum-crc32c") == (3 if large_first else 1)
+    # Every request sent again, and each later one, with its MD5: 3 parts, 2 PutObjects.
+    assert _sent_md5(proxy) == 5
+    assert f"refuses x-amz-checksum-crc32c (HTTP {status} {code}" in adapter.capabilities.note
+
+
+def test_an_endpoint_refusing_every_flexible_checksum_says_what_to_configure(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]]) -> None:
+    """A store that refuses every x-amz-checksum-* header: botocore adds its own CRC32 to
+    the request sent again with Content-MD5, so that one is refused too. The error names
+    the object, what was refused, and the setting that makes the Content-MD5 go alone; with
+    it, objects of every size are written, the store checking each MD5."""
+    proxy, options = store
+    proxy.add(faults.error(400, "InvalidArgument", "Unsupported header "
+                           "'x-amz-checksum-crc32' received for this API call.",
+                           match=Match(where=_uploads_with_any_checksum_header)))
+    url = s3_bucket.path("small.bin")
+    with pytest.raises(OSError) as info, atomic_write(url, storage_options=options) as f:
+        f.write(b"payload")
+    message = str(info.value)
+    assert message.startswith(f"{url}: PutObject answered HTTP 400 InvalidArgument")
+    assert "x-amz-checksum-crc32c" in message and "Content-MD5" in message
+    assert "'request_checksum_calculation': 'when_required'" in message
+
+    configured = {**options, "config_kwargs": {"request_checksum_calculation": "when_required"}}
+    adapter = _in_parts(configured)
+    small, large = os.urandom(100_000), os.urandom(2 * MIN_PART_SIZE + 1000)
+    # The large one first: its CreateMultipartUpload is refused (ChecksumAlgorithm), and
+    # created again without it.
+    for name, data in (("large.bin", large), ("small.bin", small)):
+        with atomic_write(s3_bucket.path(name), storage_options=configured) as f:
+            f.write(data)
+        assert read_verified(s3_bucket.path(name), storage_options=configured) == data
+    # Refused with FULL_OBJECT, then without it, then created without ChecksumAlgorithm:
+    # only the refusal of the CRC32C header is noted (not FULL_OBJECT's).
+    assert [r.status for r in proxy.requests
+            if r.method == "POST" and "uploads" in r.query] == [400, 400, 200]
+    assert "refuses x-amz-checksum-crc32c" in adapter.capabilities.note
+    assert "FULL_OBJECT" not in adapter.capabilities.note
+    with Entry(s3_bucket.path("ent"), storage_options=configured).writing() as w:
+        w.write_bytes("a", small)
+    assert Entry(s3_bucket.path("ent"), storage_options=configured).verify(deep=True).ok
+
+
+@pytest.mark.parametrize(("status", "code"), REFUSALS)
+def test_an_endpoint_refusing_checksum_mode_on_reads_is_read_without_it(
+        s3_bucket: Bucket, store: tuple[FaultProxy, dict[str, Any]], status: int,
+        code: str) -> None:
+    """A store that answers x-amz-checksum-mode (asked on every whole GET and on the HEAD
+    after a write) as an unsupported header: every read failed ("GET answered HTTP 400"),
+    with no word of what to do. botocore adds the header by itself: the error says which
+    setting stops that; with it, durable asks without the header once refused, never sends
+    it there again, and its records check what is read."""
+    proxy, options = store
+    proxy.add(faults.error(status, code, "Unsupported header 'x-amz-checksum-mode' received "
+                           "for this API call.", match=_with_header("x-amz-checksum-mode")))
+    small, large = os.urandom(100_000), os.urandom(2 * MIN_PART_SIZE + 1000)
+    url = s3_bucket.path("small.bin")
+    with atomic_write(url, storage_options=options) as f:
+        f.write(small)
+    with pytest.raises(OSError) as info:
+        read_verified(url, storage_options=options)
+    assert str(info.value).startswith(f"{url}: GET answered HTTP {status} {code}")
+    assert "'response_checksum_validation': 'when_required'" in str(info.value)
+
+    configured = {**options,
+                  "config_kwargs": {"response_checksum_validation": "when_required"}}
+    adapter = _in_parts(configured)
+    proxy.clear_requests()
+    for name, data in (("small.bin", small), ("large.bin", large)):
+        url = s3_bucket.path(name)
+        with atomic_write(url, storage_options=configured) as f:
+            f.write(data)
+        assert read_verified(url, storage_options=configured) == data
+        with open_verified(url, storage_options=configured) as f:
+            assert f.read() == data
+        assert Entry(url, storage_options=configured).verify(deep=True).ok
+    assert _sent_with(proxy, "x-amz-checksum-mode") == 1
+    assert f"refuses x-amz-checksum-mode (HTTP {status}" in adapter.capabilities.note

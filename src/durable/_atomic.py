@@ -124,6 +124,7 @@ def _atomic_write(url: str, mode: str, *, storage_options: dict[str, Any] | None
         pool.shutdown(wait=False)
     create_only = mode.startswith("x")
     raw = adapter.open_atomic(path, create_only=create_only)
+    raw.record_follows = record
     if record and not allow_error_document:
         raw.refuse_error_documents(adapter.url(path),
                                    "write them with atomic_write(url, allow_error_document=True)")

@@ -48,6 +48,7 @@ from durable._pool import bounded_map
 from durable._protocol import (
     MARKER_NAME,
     MAX_MARKER_BYTES,
+    META_RECORD_FOLLOWS,
     Layout,
     Manifest,
     Marker,
@@ -323,7 +324,8 @@ class Entry:
             return Status(State.INCOMPLETE, f"marker present but data gone: {missing}", marker)
         if looked and info is not None:
             self._refuse_marker_prefix()
-            return Status(State.INCOMPLETE, "data present but no commit marker")
+            return Status(State.INCOMPLETE, _NEVER_FOLLOWED if _record_follows(info)
+                          else "data present but no commit marker")
         return self._status_unmarked(leased, stat_taken=looked, own_attempt=own_attempt)
 
     def _refuse_marker_prefix(self, records: dict[str, ObjectInfo] | None = None) -> None:
@@ -365,12 +367,14 @@ class Entry:
         ``stat_taken``: the object was stat-ed already (and is not there); ``present``:
         whether the entry has data, if asked already; ``own_attempt``: as for `_status`."""
         if present if present is not None else self.adapter.exists(self.path):
+            follows = False
             if self.adapter.capabilities.object_records and not stat_taken:
                 # A listing shows no metadata: an object carrying its own record is COMPLETE.
                 info = self.adapter.info(self.path)
                 own = Marker.from_metadata(info.record if info else None, self.url)
                 if own is not None:
                     return self._object_status(own, info)
+                follows = _record_follows(info)
             if records is None:
                 # One listing, as the look below the marker's name would take: the records
                 # dir answers that look and names the writers that started here.
@@ -383,6 +387,8 @@ class Entry:
                 return Status(State.INCOMPLETE, "data present and no commit marker when "
                               "read, but one since: a commit landed while the entry was "
                               "being looked at; look again")
+            if follows:
+                return Status(State.INCOMPLETE, _NEVER_FOLLOWED)
             return Status(State.INCOMPLETE, "data present but no commit marker"
                           + _started(records, own_attempt) + self._attempt_folders(records))
         # A writer holding the lease asks with leased=True: its own lease is no leftover.
@@ -738,6 +744,16 @@ class Entry:
         name = self.layout.lease.rpartition("/")[2]
         return key == name or (key.startswith(f".{name}") and TMP_MARK in key
                                and DEL_MARK not in key)
+
+
+_NEVER_FOLLOWED = ("data present but no commit marker: published by a durable writer whose "
+                   "marker never followed (killed between the two, or at it now)")
+
+
+def _record_follows(info: ObjectInfo | None) -> bool:
+    """Whether the object was published by a durable writer before its record, which is
+    a marker beside it (`META_RECORD_FOLLOWS`)."""
+    return info is not None and info.record is not None and META_RECORD_FOLLOWS in info.record
 
 
 def _started(records: dict[str, ObjectInfo] | None, own_attempt: str | None) -> str:

@@ -42,6 +42,7 @@ from durable._pool import bounded_map
 from durable._protocol import (
     LEASE_NAME,
     MARKER_NAME,
+    META_RECORD_FOLLOWS,
     RECORDS_DIR,
     Marker,
     ObjectRecord,
@@ -81,6 +82,10 @@ TRUST = ("mark-complete TRUSTS what it adopts: each entry is recorded as whole e
          "under the root (stop every writer first), and delete any entry you doubt.")
 _OWN_RECORD = ("one object carrying its commit record in its own metadata (written by "
                "atomic_write in one request): COMPLETE, never a leftover")
+_RECORD_NEVER_FOLLOWED = (
+    "published by a durable writer whose commit marker never followed (killed between the "
+    "two, or at it now): nothing checked these bytes after their upload, so they are not "
+    "adopted as data written before durable; write it again, or delete it")
 #: How durable starts every multipart upload (durable.adapters.s3): recognisably ours.
 DURABLE_UPLOAD_CHECKSUM = "CRC32C"
 
@@ -114,6 +119,10 @@ def _kept_for(st: Stat) -> str | None:
     could not be stat-ed (unknown is kept); None for plain data or an object gone."""
     if isinstance(st, str):
         return f"could not be stat-ed to see whether it carries its own commit record ({st}): kept"
+    if st is not None and st.record is not None and META_RECORD_FOLLOWS in st.record \
+            and not carries_record(st.record):
+        # Adopted, bytes nothing checked after their upload would read COMPLETE.
+        return _RECORD_NEVER_FOLLOWED
     return _OWN_RECORD if st is not None and carries_record(st.record) else None
 
 
@@ -453,6 +462,9 @@ class CleanItem:
     upload: Upload | None = field(default=None, repr=False)
     stale_lease: LeaseView | None = field(default=None, repr=False)
     """The entry's lease as the plan judged it stale: taken over on that version."""
+    version: str | None = field(default=None, repr=False)
+    """The version planned of an entry that is one object with no records (one whose
+    marker never followed): removed only while it is still that version."""
 
 
 @dataclass
@@ -539,6 +551,37 @@ def _watch_leases(sv: Survey, leases: dict[str, LeaseSeen], lease_wait: float,
     return states, wait
 
 
+def _never_followed(sv: Survey, workers: int, age_since: Callable[[float | None], float | None],
+                    why_kept: Callable[[str, float | None], str | None],
+                    kept: list[Skipped]) -> list[CleanItem]:
+    """Objects a durable writer published before its marker, which never followed (an S3
+    multipart `atomic_write` killed after its completion): no records lie beside them,
+    so they are found by their metadata, one HEAD each of the unmarked objects with no
+    records that the adapter says may be such (on S3, those completed from parts).
+    Nothing recorded them, and the old version is gone: removed once old, as any dead
+    writer's leftovers (``why_kept``: why one is not, from its key and age)."""
+    keys = [k for k, f in sorted(sv.entries.items())
+            if f.marker is None and not f.records and k in sv.listing
+            and sv.adapter.published_before_record(sv.listing[k])]
+    items = []
+    stats = stat_objects(sv.adapter, [sv.entry_path(k) for k in keys], workers)
+    for key, st in zip(keys, stats, strict=True):
+        if isinstance(st, str) or st is None or st.record is None \
+                or META_RECORD_FOLLOWS not in st.record or carries_record(st.record):
+            continue
+        url = sv.url(key)
+        age = age_since(st.modified)
+        why = why_kept(key, age)
+        if why is not None:
+            kept.append(Skipped(url, why))
+            continue
+        assert age is not None
+        items.append(CleanItem("entry", url, "published by a durable writer whose marker "
+                               f"never followed (killed between the two), {fmt_age(age)} "
+                               "ago", age, 1, st.size, key=key, version=st.version))
+    return items
+
+
 def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
                all_uploads: bool = False, workers: int = _WORKERS,
                progress: Ticker | None = None, sleep: Callable[[float], None] = time.sleep,
@@ -549,9 +592,10 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
     Candidates: unmarked entries with durable records (a writer started: attempt records,
     a lease, other records) older than ``older_than`` seconds with no live lease (their
     data and records, or only the records when the data is gone); temp files of atomic
-    writes older than that; uploads left open longer than that (S3 multipart uploads, Azure
-    blobs of uncommitted blocks; only those started the way durable starts them unless
-    ``all_uploads``). Never a candidate: an
+    writes older than that; objects published before a marker that never followed
+    (`_never_followed`) older than that; uploads left open longer than that (S3
+    multipart uploads, Azure blobs of uncommitted blocks; only those started the way
+    durable starts them unless ``all_uploads``). Never a candidate: an
     entry with a marker or anything inside one, data with no durable records (data written
     before durable: `mark_complete_root` adopts it), anything of an entry whose lease is
     live or cannot be judged, an entry holding an object that carries its own commit record
@@ -674,6 +718,8 @@ def plan_clean(sv: Survey, *, older_than: float, lease_wait: float = 120.0,
                                expect={k: i.version for k, i in
                                        {**f.records, **_record_temps(sv, key)}.items()},
                                stale_lease=view))
+    items += _never_followed(sv, workers, age_since, lambda key, age: (
+        blocked(sv.owners(key)) or old(age, "published (store's clock)")), kept)
 
     for key, f in sorted(sv.entries.items()):
         # Attempt records (and their fragments) left beside a marker: the committing
@@ -944,6 +990,9 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
             # Committed since the plan by a write that carries its record in its metadata.
             item.status, item.detail = "skipped", _OWN_RECORD
             return
+        if item.version is not None:
+            _remove_never_followed(a, item, single, layout.marker)
+            return
         a.delete([path])
     elif a.capabilities.object_records:
         # Checked again, each object as it is now: one committed (in one request) inside
@@ -1009,6 +1058,29 @@ def _remove_entry(sv: Survey, item: CleanItem, workers: int, lease: Lease | None
         return
     item.status, item.detail = ("failed", undone) if undone else ("removed", "")
 
+
+def _remove_never_followed(a: Adapter, item: CleanItem, now: ObjectInfo, marker: str) -> None:
+    """Delete the object whose marker never followed, only as the version planned (one
+    written again since, or committed, is another writer's): conditionally where the
+    store can, so a rewrite between this check and the delete is never taken."""
+    path = now.path
+    if now.version != item.version:
+        item.status, item.detail = "skipped", "written again since the plan"
+        return
+    assert item.version is not None
+    if a.supports_conditional(path):
+        try:
+            a.delete_if(path, item.version)
+        except VersionMismatchError:
+            item.status, item.detail = "skipped", "written again since the plan"
+            return
+    else:
+        a.delete([path])
+    if a.info(marker) is not None:
+        item.status, item.detail = "failed", ("its writer wrote its marker while the object "
+                                              "was being removed; the marker is kept")
+        return
+    item.status = "removed"
 
 
 #: Why an item found gone at its removal is skipped.

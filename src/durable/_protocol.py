@@ -92,6 +92,11 @@ META_CRC32C = "durable-crc32c"
 META_ATTEMPT = "durable-attempt"
 META_COMMITTED_AT = "durable-committed-at"
 META_KEYS = (META_VERSION, META_SIZE, META_CRC32C, META_ATTEMPT, META_COMMITTED_AT)
+#: Set on an object published before its record (an S3 multipart upload, whose metadata is
+#: fixed at its start): `atomic_write` writes a commit marker after it. Found with no
+#: marker, the writer died between the two (or is between them now): the object is a
+#: durable writer's, not data written before durable, and is never adopted as such.
+META_RECORD_FOLLOWS = "durable-record-follows"
 # Metadata is read before anything in it is trusted: a hostile value must not make a reader
 # parse megabytes or take a 40-digit size for a length.
 _META_VALUE_MAX = 64

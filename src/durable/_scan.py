@@ -78,6 +78,7 @@ from durable._lease import stated_stale_after
 from durable._protocol import (
     LEASE_NAME,
     MARKER_NAME,
+    META_RECORD_FOLLOWS,
     RECORDS_DIR,
     Layout,
     Marker,
@@ -352,6 +353,9 @@ class Records:
     started: float | None = None
     """The newest attempt record's started_at (POSIX seconds, the writer's clock)."""
     lease: LeaseSeen | None = None
+    record_follows: bool = False
+    """One object, no marker, published by a durable writer before its record
+    (`META_RECORD_FOLLOWS`): the writer died before its marker, or is writing it now."""
 
 
 def is_lock_sidecar(key: str) -> bool:
@@ -510,7 +514,11 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
                 if isinstance(info, str):
                     return (f"{sv.url(key)}: could not be stat-ed to read the commit record "
                             f"in its metadata ({info})")
-                return Marker.from_metadata(info.record if info else None, sv.url(key))
+                own = Marker.from_metadata(info.record if info else None, sv.url(key))
+                if own is None and info is not None and info.record is not None \
+                        and META_RECORD_FOLLOWS in info.record:
+                    return META_RECORD_FOLLOWS
+                return own
         except (DurableError, OSError) as exc:
             # One unreadable or corrupt record must not hide every other entry.
             return f"{type(exc).__name__}: {exc}"
@@ -522,7 +530,9 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
             rec = out[key]
             if what == "own":
                 # None: a plain object (data written before durable), no record to keep.
-                if result is not None:
+                if result == META_RECORD_FOLLOWS:
+                    rec.record_follows = True
+                elif result is not None:
                     rec.marker = result
             elif what == "marker":
                 rec.marker = result
@@ -682,6 +692,10 @@ def _row(sv: Survey, key: str, f: EntryFound, rec: Records, now: float) -> ScanR
         reasons = []
         if f.objects:
             reasons.append("data present but no commit marker")
+        if rec.record_follows:
+            reasons.append("published by a durable writer whose marker never followed "
+                           "(killed between the two, or at it now): not data written "
+                           "before durable; write it again, or delete it")
         if f.attempts:
             reasons.append(f"a writer started but has not committed (attempt records: "
                            f"{len(f.attempts)})")

@@ -23,7 +23,7 @@ from durable._checksum import crc32c as crc32c_of
 from durable._error_document import ERROR_DOC_LIMIT, error_document, refuse_error_document
 from durable._errors import IncompleteError, IntegrityError
 from durable._nesting import levels, nearest_marked
-from durable._protocol import Layout, Marker, ObjectRecord, State
+from durable._protocol import META_RECORD_FOLLOWS, Layout, Marker, ObjectRecord, State
 from durable.adapters import Adapter, ObjectInfo, resolve
 from durable.adapters._ranged import seek_position
 
@@ -207,6 +207,15 @@ def _unrecorded(adapter: Adapter, path: str, info: ObjectInfo | None,
         finally:
             if body is None:
                 f.close()
+    if info.record is not None and META_RECORD_FOLLOWS in info.record:
+        # Published before its record by a durable writer: "adopt it" was advice to call
+        # bytes nothing checked after their upload (a kill between the two) whole.
+        raise IncompleteError(
+            f"{url}: published by a durable writer whose commit record never followed (it "
+            "was killed between publishing the object and writing its marker, or is between "
+            "the two right now): nothing vouches for these bytes. Write it again, or delete "
+            "it; adopt it with Entry.mark_complete() only if you know its writer checked it",
+            url=url, state=State.INCOMPLETE)
     started = _started_above(adapter, path)
     if started is not None:
         # A reader while the writer works (or after it was killed): "adopt it with

@@ -986,6 +986,9 @@ def clean(ctx: click.Context, root: str, older_than: float, do_apply: bool,
     - attempt records (and their fragments) left beside a marker: only those records;
     - temp files of atomic writes (.NAME.durable-tmp-*), inside committed entries too
       (no manifest lists one);
+    - S3 and GCS objects an atomic_write in parts published before its marker, which
+      never followed (metadata durable-record-follows; one HEAD per unmarked object
+      completed from parts, on GCS per one over 8 MiB);
     - uploads never completed: S3 multipart uploads, Azure blobs of uncommitted blocks
       only (GCS resumable sessions cannot be listed; GCS drops them after a week).
 

@@ -144,6 +144,7 @@ class DurableWriteFile(io.BufferedIOBase):
         # Under durable's own text wrapper: seeks in place allowed (`GrowingBuffer`'s reason).
         self.under_text = False
         self._raw: AtomicFile = fs.adapter.open_atomic(path, create_only=create_only)
+        self._raw.record_follows = True  # `_publish` records it (a marker, if need be)
         # Recorded, a failed download's error page would be returned as data ever after.
         self._raw.refuse_error_documents(
             fs.adapter.url(path), "write them with durable.atomic_write(url, "

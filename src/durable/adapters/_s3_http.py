@@ -135,7 +135,8 @@ def failure(exc: BaseException, url: str, what: str, *, pinned: str | None = Non
 def check_response(resp: dict[str, Any], url: str, info: ObjectInfo, start: int,
                    length: int) -> None:
     """The response is the bytes asked for, of the version asked for, or IntegrityError."""
-    got = int(resp.get("ContentLength", -1))
+    # Without one, named as such: "the store answers Content-Length -1" said nothing.
+    got = content_size(resp, url, f"GET of {length} bytes from byte {start}")
     if got != length:
         raise IntegrityError(f"{url}: asked for {length} bytes from byte {start}, the store "
                              f"answers Content-Length {got} (the object is {info.size} bytes "

@@ -10,22 +10,26 @@ object is sent, and what the store answered is kept for `S3Adapter.verify_writte
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
+import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from durable._checksum import Checksum, crc32c, crc_to_b64
+from durable._checksum import Checksum, crc_to_b64
 from durable._errors import IntegrityError
+from durable._protocol import META_RECORD_FOLLOWS
 from durable.adapters._s3_http import MULTIPART_ETAG, etag, failure
 from durable.adapters.base import AtomicFile, ObjectInfo
 
 if TYPE_CHECKING:
     from durable.adapters.s3 import S3Adapter
 
-__all__ = ["FULL_OBJECT", "MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE",
-           "MULTIPART_IF_NONE_MATCH", "S3AtomicFile", "WrittenChecksum"]
+__all__ = ["CRC32C_HEADER", "FULL_OBJECT", "MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE",
+           "MULTIPART_IF_NONE_MATCH", "S3AtomicFile", "WrittenChecksum", "md5_args"]
 
 log = logging.getLogger("durable.adapters.s3")
 
@@ -35,8 +39,16 @@ MAX_PART_SIZE = 5 * 1024 * MiB
 MAX_PARTS = 10_000
 #: How `S3Adapter.refusal` names the multipart checksum type FULL_OBJECT.
 FULL_OBJECT = "x-amz-checksum-type: FULL_OBJECT"
+#: How `S3Adapter.refusal` names the flexible checksum header durable sends.
+CRC32C_HEADER = "x-amz-checksum-crc32c"
 #: How `S3Adapter.refusal` names If-None-Match on CompleteMultipartUpload.
 MULTIPART_IF_NONE_MATCH = "If-None-Match on CompleteMultipartUpload"
+
+
+def md5_args(data: bytes) -> dict[str, Any]:
+    """Content-MD5 of ``data``, as botocore takes it: the digest every S3 store checks,
+    sent where the endpoint refused the CRC32C header (`S3Adapter.checksum_args`)."""
+    return {"ContentMD5": base64.b64encode(hashlib.md5(data).digest()).decode()}
 
 
 class WrittenChecksum(Checksum):
@@ -73,9 +85,12 @@ class S3AtomicFile(AtomicFile):
         self._buf = bytearray()
         self._sent = 0  # bytes handed to parts
         self._upload_id: str | None = None
-        self._inflight: list[tuple[int, int, concurrent.futures.Future[Any]]] = []
+        # (part number, its bytes, the arguments it went with, its request)
+        self._inflight: list[tuple[int, bytes, dict[str, Any],
+                                   concurrent.futures.Future[Any]]] = []
         self._parts: list[dict[str, Any]] = []
         self._full = False  # this upload's checksum type is FULL_OBJECT (`_create`)
+        self._crc = True  # this upload's parts carry their CRC32C (`_create`, `_collect`)
 
     def _part_size(self) -> int:
         grow = len(self.checksum.part_ends) // 1000
@@ -118,46 +133,88 @@ class S3AtomicFile(AtomicFile):
             raise ValueError(f"{self._url}: over {MAX_PARTS} parts; raise part_size")
         self._sent += size
         self.checksum.part_ends.append((self._sent - 1, data[-1]))
-        crc = crc32c(data)
         # Bounded memory: wait for the oldest part before putting another in the air.
         while len(self._inflight) >= self._a.max_in_flight:
             self._collect(*self._inflight.pop(0))
-        coro = self._a.fs._call_s3("upload_part", Bucket=self._bucket, Key=self._key,
-                                   UploadId=self._upload_id, PartNumber=number, Body=data,
-                                   ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_to_b64(crc))
-        self._inflight.append((number, crc, asyncio.run_coroutine_threadsafe(coro,
-                                                                            self._a.fs.loop)))
+        args = self._a.checksum_args(data) if self._crc else md5_args(data)
+        self._inflight.append((number, data, args, asyncio.run_coroutine_threadsafe(
+            self._a.fs._call_s3("upload_part", **self._part(number, data, args)),
+            self._a.fs.loop)))
+
+    def _part(self, number: int, data: bytes, args: dict[str, Any]) -> dict[str, Any]:
+        return {"Bucket": self._bucket, "Key": self._key, "UploadId": self._upload_id,
+                "PartNumber": number, "Body": data, **args}
 
     def _create(self) -> str:
         """CreateMultipartUpload; its UploadId. FULL_OBJECT (a checksum type S3 added in
         2024) where the endpoint has not refused it: one that refuses it as not
-        implemented is asked again without it, and never sent it again (`_full`)."""
-        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key,
-                                  "ChecksumAlgorithm": "CRC32C"}
-        if self._token is not None:
-            kwargs["Metadata"] = self._token
-        self._full = self._a.full_object_checksum and self._a.refusal(FULL_OBJECT) is None
-        full: dict[str, Any] = {"ChecksumType": "FULL_OBJECT"} if self._full else {}
+        implemented is asked again without it, and never sent it again (`_full`). One
+        that refuses flexible checksums altogether is asked without ChecksumAlgorithm,
+        and the parts go with Content-MD5 (`_crc`)."""
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": self._key}
+        # Published before its marker: killed in between, the object must not read as
+        # data written before durable (adopted by `durable mark-complete`, unchecked).
+        metadata = {**(self._token or {}),
+                    **({META_RECORD_FOLLOWS: "marker"} if self.record_follows else {})}
+        if metadata:
+            kwargs["Metadata"] = metadata
+        self._crc = self._a.refusal(CRC32C_HEADER) is None
+        self._full = (self._crc and self._a.full_object_checksum
+                      and self._a.refusal(FULL_OBJECT) is None)
+
+        def create(crc: bool, **extra: Any) -> dict[str, Any]:
+            algorithm: dict[str, Any] = {"ChecksumAlgorithm": "CRC32C"} if crc else {}
+            return self._a._call("create_multipart_upload", self._url,
+                                 "CreateMultipartUpload", **kwargs, **extra, **algorithm)
+
         try:
-            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
-                                 **kwargs, **full)
+            resp = create(self._crc, **({"ChecksumType": "FULL_OBJECT"} if self._full else {}))
         except OSError as exc:
             # Refused, every object over part_size failed to write on such a store. (No
             # bytes go with this request: a 400 here is never a checksum mismatch.)
             said = self._a.refused(exc, FULL_OBJECT, note=False) if self._full else None
             if said is None:
-                raise
-            self._full = False
-            resp = self._a._call("create_multipart_upload", self._url, "CreateMultipartUpload",
-                                 **kwargs)
-            self._a.note_refusal(FULL_OBJECT, said)  # refused for FULL_OBJECT alone
+                resp = self._without_crc(exc, create)
+            else:
+                self._full = False
+                try:
+                    resp = create(True)
+                except OSError as again:
+                    resp = self._without_crc(again, create)
+                else:
+                    self._a.note_refusal(FULL_OBJECT, said)  # refused for FULL_OBJECT alone
         return str(resp["UploadId"])
 
-    def _collect(self, number: int, crc: int, future: concurrent.futures.Future[Any]) -> None:
+    def _without_crc(self, exc: OSError, create: Callable[[bool], dict[str, Any]]
+                     ) -> dict[str, Any]:
+        """``create(False)``: the upload created without ChecksumAlgorithm, if ``exc`` may
+        be the endpoint refusing flexible checksums (`S3Adapter.checksum_refused`); else
+        ``exc`` raised. Its parts then go with Content-MD5."""
+        said = self._a.checksum_refused(exc) if self._crc else None
+        if said is None:
+            raise exc
+        self._crc = self._full = False
+        resp: dict[str, Any] = self._a.without_checksum(
+            self._url, "CreateMultipartUpload", said, lambda: create(False))
+        return resp
+
+    def _collect(self, number: int, data: bytes, args: dict[str, Any],
+                 future: concurrent.futures.Future[Any]) -> None:
         try:
             resp = future.result()
         except Exception as exc:
-            raise failure(exc, self._url, f"UploadPart {number}") from exc
+            err = failure(exc, self._url, f"UploadPart {number}")
+            said = self._a.checksum_refused(exc) if "ChecksumCRC32C" in args else None
+            if said is None:
+                raise err from exc
+            # The upload was created with ChecksumAlgorithm, its parts refused with the
+            # header: this one and every later one go with Content-MD5.
+            self._crc = self._full = False
+            args = md5_args(data)
+            resp = self._a.without_checksum(
+                self._url, f"UploadPart {number}", said,
+                lambda: self._a._call("upload_part", self._url, f"UploadPart {number}",
+                                      **self._part(number, data, args)))
         if not resp.get("ETag"):
             # Nothing to name the part by in the Complete: a KeyError from deep inside.
             raise IntegrityError(f"{self._url}: UploadPart {number} answered without an ETag "
@@ -165,7 +222,8 @@ class S3AtomicFile(AtomicFile):
                                  "complete the upload", url=self._url, expected="an ETag",
                                  found=resp.get("ETag"))
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"],
-                            "ChecksumCRC32C": crc_to_b64(crc)})
+                            **({"ChecksumCRC32C": args["ChecksumCRC32C"]}
+                               if "ChecksumCRC32C" in args else {})})
 
     @property
     def carries_record(self) -> bool:
@@ -193,14 +251,27 @@ class S3AtomicFile(AtomicFile):
         data, self._buf = bytes(self._buf), bytearray()
         metadata = {**(self._token or {}), **(self.record or {})}
         meta: dict[str, Any] = {"Metadata": metadata} if metadata else {}
-        try:
-            resp = self._a._call("put_object", self._url, "PutObject",
+
+        def put(args: dict[str, Any]) -> dict[str, Any]:
+            return self._a._call("put_object", self._url, "PutObject",
                                  create_only=self._create_only, Bucket=self._bucket,
-                                 Key=self._key, Body=data, ChecksumAlgorithm="CRC32C",
-                                 ChecksumCRC32C=crc_to_b64(self.checksum.crc),
-                                 **meta, **self._conditions())
+                                 Key=self._key, Body=data, **args, **meta,
+                                 **self._conditions())
+
+        args = self._a.checksum_args(data, self.checksum.crc)
+        try:
+            resp = put(args)
         except FileExistsError as exc:
             resp = self._landed(exc)
+        except OSError as exc:
+            said = self._a.checksum_refused(exc) if "ChecksumCRC32C" in args else None
+            if said is None:
+                raise
+            try:
+                resp = self._a.without_checksum(self._url, "PutObject", said,
+                                                lambda: put(md5_args(data)))
+            except FileExistsError as again:
+                resp = self._landed(again)
         if data:
             self.checksum.part_ends = [(len(data) - 1, data[-1])]
         return resp
@@ -212,7 +283,7 @@ class S3AtomicFile(AtomicFile):
             self._collect(*self._inflight.pop(0))
         parts = sorted(self._parts, key=lambda p: int(p["PartNumber"]))
         extra: dict[str, Any] = {}
-        if self._full:
+        if self._full and all("ChecksumCRC32C" in p for p in parts):
             extra = {"ChecksumType": "FULL_OBJECT", "MpuObjectSize": self.checksum.size,
                      "ChecksumCRC32C": crc_to_b64(self.checksum.crc)}
         try:
@@ -270,7 +341,7 @@ class S3AtomicFile(AtomicFile):
                     loop.create_task(self._a.fs._call_s3("abort_multipart_upload", **kwargs))
                     return
             # A part still in the air could land after the abort and keep its storage.
-            concurrent.futures.wait([f for _, _, f in inflight])
+            concurrent.futures.wait([f for *_, f in inflight])
             self._a._call("abort_multipart_upload", self._url, "AbortMultipartUpload",
                           **kwargs)
         except FileNotFoundError:

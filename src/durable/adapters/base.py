@@ -127,6 +127,10 @@ class AtomicFile(io.RawIOBase):
         self.on_drop: Callable[[AtomicFile], None] | None = None
         #: Durable record fields for the object's own metadata, given to `commit`.
         self.record: Mapping[str, str] | None = None
+        #: Set (before the first write) by a writer that records the object with a marker
+        #: after it when it cannot carry its record: an adapter that publishes it without
+        #: one (an S3 multipart upload) marks it so (`durable._protocol.META_RECORD_FOLLOWS`).
+        self.record_follows = False
         #: (the object's URL, how to allow it): `commit` refuses bytes that are an object
         #: store's error document (`refuse_error_documents`); None: no such check.
         self.error_document_check: tuple[str, str] | None = None
@@ -494,6 +498,12 @@ class Adapter(ABC):
     def prune(self, prefix: str) -> None:  # noqa: B027
         """Remove directories left empty at and below ``prefix``; a no-op on stores that
         have no directories. Never removes an object."""
+
+    def published_before_record(self, info: ObjectInfo) -> bool:
+        """Whether the object, as listed, may have been published before its record
+        (`durable._protocol.META_RECORD_FOLLOWS`): `durable clean` stats only those of the
+        unmarked objects with no records, to find a writer's killed between the two."""
+        return False
 
     def not_an_object(self, path: str) -> str | None:
         """What is at ``path`` where `info` finds no object, if the adapter can tell

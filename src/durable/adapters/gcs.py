@@ -54,7 +54,7 @@ from gcsfs.retry import HttpError
 
 from durable._checksum import Checksum, crc32c, crc_from_b64, crc_to_b64, crc_to_hex
 from durable._errors import IntegrityError, UnsupportedError
-from durable._protocol import RECORDS_DIR, record_fields
+from durable._protocol import META_RECORD_FOLLOWS, RECORDS_DIR, record_fields
 from durable.adapters._ranged import open_pinned
 from durable.adapters.base import (
     Adapter,
@@ -203,7 +203,8 @@ class _GCSAtomicFile(AtomicFile):
         while len(self._buf) > CHUNK:
             if self._session is None:
                 self._session = self._adapter._start_session(
-                    self._bucket, self._key, create_only=self._create_only, token=self._token)
+                    self._bucket, self._key, create_only=self._create_only, token=self._token,
+                    follows=self.record_follows)
             self._send(CHUNK, total=None)
 
     def _send(self, n: int, total: int | None) -> dict[str, Any] | None:
@@ -384,9 +385,14 @@ class GCSAdapter(Adapter):
             return None
         return resource if (resource.get("metadata") or {}).get(_TOKEN) == token else None
 
-    def _start_session(self, bucket: str, key: str, *, create_only: bool, token: str) -> str:
+    def _start_session(self, bucket: str, key: str, *, create_only: bool, token: str,
+                       follows: bool = False) -> str:
         params = {"ifGenerationMatch": "0"} if create_only else {}
-        resource = {"name": key, "metadata": {_TOKEN: token}}
+        # ``follows``: published before its marker (the metadata is fixed here), so a
+        # writer killed between the two leaves an object read as a durable writer's
+        # (`META_RECORD_FOLLOWS`), never adopted as data written before durable.
+        resource = {"name": key, "metadata": {
+            _TOKEN: token, **({META_RECORD_FOLLOWS: "marker"} if follows else {})}}
         try:
             reply, _ = self._call_on(
                 f"{bucket}/{key}", "start of a resumable upload",
@@ -550,6 +556,10 @@ class GCSAdapter(Adapter):
 
     def exists(self, path: str) -> bool:
         return self.info(path) is not None or bool(self._listing(path, limit=1))
+
+    def published_before_record(self, info: ObjectInfo) -> bool:
+        # Over one request's size: a resumable upload, published before its marker.
+        return info.size > CHUNK
 
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         return open_pinned(self.url(path), info.size, self._fetcher(path, info))

@@ -15,7 +15,9 @@ publishes what was written when an exception leaves ``with fs.open(...)``).
 
 Checksums: the CRC32C of every part and of the whole object is sent (``x-amz-checksum-
 crc32c``, and a FULL_OBJECT checksum plus ``x-amz-mp-object-size`` on completion), so a
-store that validates refuses a corrupt upload. `verify_written` then judges the result: a
+store that validates refuses a corrupt upload. An endpoint that refuses the CRC32C header
+(B2, OVH) is sent Content-MD5 instead, which it checks as well (`checksum_refused`).
+`verify_written` then judges the result: a
 PutObject whose answer reports the CRC32C sent needs no further request at ``"size"`` or
 ``"probe"``; otherwise (a store that answers no checksum, a multipart upload) a HEAD, and
 at ``"probe"`` a 1-byte GET at the end of every part, which catches an object short by
@@ -66,12 +68,14 @@ from durable.adapters._s3_http import (
 from durable.adapters._s3_light import get_small, light_store, list_below
 from durable.adapters._s3_light import put as light_put
 from durable.adapters._s3_upload import (
+    CRC32C_HEADER,
     FULL_OBJECT,
     MAX_PART_SIZE,
     MIN_PART_SIZE,
     MULTIPART_IF_NONE_MATCH,
     S3AtomicFile,
     WrittenChecksum,
+    md5_args,
 )
 from durable.adapters.base import (
     Adapter,
@@ -103,6 +107,12 @@ PROBE_PREFIX = ".durable-probe-"
 # they lack with 501 NotImplemented, some with 400. The header is refused, not the write:
 # sent again, it would fail every write (`_refusals`).
 _NOT_IMPLEMENTED = frozenset({400, 501})
+# How a store says the bytes it took do not match the digest sent with them: a corruption
+# in transit, never a header refused (sent again without it, corrupt bytes would land).
+_MISMATCH = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
+                       "XAmzContentSHA256Mismatch"})
+#: How `S3Adapter.refusal` names the header asking for stored checksums on GET and HEAD.
+CHECKSUM_MODE = "x-amz-checksum-mode"
 #: How `S3Adapter.refusal` names the multi-object delete (POST ?delete).
 DELETE_OBJECTS = "DeleteObjects"
 # What durable does without a header or request the endpoint refused.
@@ -110,6 +120,11 @@ _WITHOUT = {
     "If-None-Match": "create-only writes fall back to a racy HEAD check",
     "If-Match": "no conditional writes, no leases",
     FULL_OBJECT: "multipart uploads carry the CRC32C of each part only",
+    CHECKSUM_MODE: "reads ask for no stored checksum: what is read is checked by durable's "
+                   "records alone, and a HEAD after a write compares no stored CRC32C",
+    CRC32C_HEADER: "uploads carry Content-MD5 instead: the store still checks every byte it "
+                   "takes, but keeps no CRC32C, so each write is checked by a HEAD (and part "
+                   "probes) and reads by durable's records alone",
     DELETE_OBJECTS: "objects are deleted one DeleteObject each",
     MULTIPART_IF_NONE_MATCH: "a create-only write of more than part_size is a HEAD before "
                              "its completion, which racing writers can both pass",
@@ -125,6 +140,10 @@ class _EndpointCapabilities:
         full = obj.refusal(FULL_OBJECT) if obj is not None else None
         checksums = (f"; this endpoint refuses the FULL_OBJECT checksum type ({full}): "
                      f"{_WITHOUT[FULL_OBJECT]}" if full else "")
+        for header in (CRC32C_HEADER, CHECKSUM_MODE):
+            said = obj.refusal(header) if obj is not None else None
+            if said:
+                checksums += f"; this endpoint refuses {header} ({said}): {_WITHOUT[header]}"
         if obj is not None and obj._create_only_multipart_by_endpoint.get(
                 obj._endpoint()) is False:
             refused = obj.refusal(MULTIPART_IF_NONE_MATCH)
@@ -180,6 +199,8 @@ class S3Adapter(Adapter):
     _create_only_multipart_by_endpoint: ClassVar[dict[str, bool]] = {}
     # "<endpoint> <header>" -> how the endpoint refused that header (never sent again there).
     _refusals: ClassVar[dict[str, str]] = {}
+    # Endpoints whose listings came without ETags (warned of once each).
+    _untagged_listings: ClassVar[set[str]] = set()
     _probe_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, fs: Any, *, part_size: int = 8 * MiB, max_in_flight: int = 4,
@@ -330,6 +351,88 @@ class S3Adapter(Adapter):
         log.warning("%s: the endpoint refuses %s (%s): %s", self._endpoint(), header, said,
                     _WITHOUT[header])
 
+    # flexible checksums refused --------------------------------------------------------------
+    def _call_checked(self, method: str, url: str, what: str, *, pinned: str | None = None,
+                      **kwargs: Any) -> dict[str, Any]:
+        """`_call` of a GET or HEAD with ``ChecksumMode=ENABLED`` (the stored CRC32C in the
+        answer, a GET's body checked against it by botocore), where the endpoint has not
+        refused it. A store that answers the x-amz-checksum-* headers it lacks with 400
+        "Unsupported header" (B2 does on uploads) or 501 failed every read on it. Refused,
+        it is asked again without, and never sent there again: durable's records still
+        check what is read. (botocore sends the header by itself unless its
+        ``response_checksum_validation`` is "when_required": refused again, an OSError
+        saying so.)"""
+        mode: dict[str, Any] = {} if self.refusal(CHECKSUM_MODE) else {"ChecksumMode": "ENABLED"}
+        try:
+            return self._call(method, url, what, pinned=pinned, **kwargs, **mode)
+        except OSError as exc:
+            said = self.refused(exc, CHECKSUM_MODE, note=False) if mode else None
+            if said is None:
+                raise
+            try:
+                result = self._call(method, url, what, pinned=pinned, **kwargs)
+            except OSError as again:
+                if self.refused(again, CHECKSUM_MODE, note=False) is None:
+                    raise
+                raise OSError(
+                    f"{url}: {what} answered {said} with the {CHECKSUM_MODE} header, and "
+                    "so did the request sent again without it: this client adds the header "
+                    "itself (botocore's response checksum validation). For a store that "
+                    "refuses it, pass storage_options={'config_kwargs': "
+                    "{'response_checksum_validation': 'when_required'}} (durable's records "
+                    "still check every byte read)") from again
+            self.note_refusal(CHECKSUM_MODE, said)
+            return result
+
+    def checksum_args(self, data: bytes, crc: int | None = None) -> dict[str, Any]:
+        """What an upload of ``data`` (its CRC32C ``crc``, if known) carries for the store
+        to check it by: its CRC32C, or where the endpoint refused that header, its MD5
+        (`checksum_refused`)."""
+        if self.refusal(CRC32C_HEADER) is None:
+            return {"ChecksumAlgorithm": "CRC32C",
+                    "ChecksumCRC32C": crc_to_b64(crc32c(data) if crc is None else crc)}
+        return md5_args(data)
+
+    def checksum_refused(self, exc: BaseException) -> str | None:
+        """How the endpoint refused the CRC32C header, if ``exc`` may be that (HTTP 501, or
+        400 for anything but a digest mismatch): B2 and OVH answer 400 InvalidArgument
+        "Unsupported header 'x-amz-checksum-crc32c'", R2 once 501 NotImplemented. The
+        request is then sent again with Content-MD5 (`without_checksum`): whatever the
+        400 was, the store checks that digest too, so corrupt bytes never land."""
+        cause: BaseException | None = exc
+        while cause is not None and error_fields(cause)[0] is None:
+            cause = cause.__cause__
+        if cause is None or error_fields(cause)[1] in _MISMATCH:
+            return None
+        return self.refused(cause, CRC32C_HEADER, note=False)
+
+    def without_checksum(self, url: str, what: str, said: str, call: Callable[[], Any]) -> Any:
+        """``call()``, the request sent again with Content-MD5 instead of the CRC32C header
+        the endpoint refused (``said``); noted once it is taken, never sent there again.
+        Refused again, an OSError saying what the endpoint refuses and what to do."""
+        try:
+            result = call()
+        except OSError as exc:
+            again = self.checksum_refused(exc)
+            if again is None:
+                raise
+            sync(self.fs.loop, self.fs.set_session)
+            config = getattr(self.fs.s3.meta.config, "request_checksum_calculation", None)
+            advice = (
+                "this client adds a flexible checksum of its own (botocore's x-amz-checksum-"
+                "crc32) to every upload: pass storage_options={'config_kwargs': "
+                "{'request_checksum_calculation': 'when_required'}} so that durable's "
+                "Content-MD5 goes alone (the store then still checks every byte it takes)"
+                if config != "when_required" else
+                "it takes no digest durable can send, so nothing would check the bytes it "
+                "stores: durable does not write there")
+            raise OSError(f"{url}: {what} answered {said} with the {CRC32C_HEADER} header, "
+                          f"and {again} sent again with Content-MD5 instead. A store that "
+                          f"refuses flexible checksums ({self._endpoint()}?) answers so: "
+                          f"{advice}") from exc
+        self.note_refusal(CRC32C_HEADER, said)
+        return result
+
     def _probe_create_only(self, path: str) -> bool:
         body = b"durable create-only probe"
         with self._probe_object(path, body) as (bucket, key, url):
@@ -437,9 +540,17 @@ class S3Adapter(Adapter):
             raise failure(exc, url, f"conditional {method}") from exc
 
     def replace_if(self, path: str, data: bytes, version: str) -> ObjectInfo:
-        resp = self._conditional("put_object", path, version, Body=data,
-                                 ChecksumAlgorithm="CRC32C",
-                                 ChecksumCRC32C=crc_to_b64(crc32c(data)))
+        args = self.checksum_args(data)
+        try:
+            resp = self._conditional("put_object", path, version, Body=data, **args)
+        except OSError as exc:
+            said = self.checksum_refused(exc) if "ChecksumCRC32C" in args else None
+            if said is None:
+                raise
+            resp = self.without_checksum(
+                self.url(path), "conditional PutObject", said,
+                lambda: self._conditional("put_object", path, version, Body=data,
+                                          **md5_args(data)))
         self.fs.invalidate_cache(path)
         return ObjectInfo(path, len(data), etag(resp.get("ETag"), self.url(path)))
 
@@ -513,6 +624,7 @@ class S3Adapter(Adapter):
             if got is not None:
                 return dict(sorted(got.items()))
         out: dict[str, ObjectInfo] = {}
+        untagged: list[str] = []  # listed without an ETag: stat-ed once the listing is done
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": start}
         call, what = "list_objects_v2", "ListObjectsV2"
         tokens: set[str] = set()
@@ -521,12 +633,18 @@ class S3Adapter(Adapter):
             contents = resp.get("Contents", [])
             for obj in contents:
                 path = f"{bucket}/{obj['Key']}"
-                if obj["Key"][len(start):] in out:
+                rel = obj["Key"][len(start):]
+                if rel in out or rel in untagged:
                     raise circling(self.url(prefix), self.url(path))
-                out[obj["Key"][len(start):]] = ObjectInfo(
+                if not str(obj.get("ETag") or "").strip().strip('"'):
+                    untagged.append(rel)
+                    continue
+                out[rel] = ObjectInfo(
                     path, int(obj["Size"]), etag(obj.get("ETag"), self.url(path)),
                     _timestamp(obj.get("LastModified")))
             if not resp.get("IsTruncated"):
+                if untagged:
+                    out.update(self._stat_untagged(prefix, bucket, start, untagged, what))
                 return dict(sorted(out.items()))
             token = resp.get("NextContinuationToken")
             if token and call == "list_objects_v2":
@@ -546,6 +664,50 @@ class S3Adapter(Adapter):
                               "is unreachable")
             call, what = "list_objects", "ListObjects"
             kwargs = {"Bucket": bucket, "Prefix": start, "Marker": contents[-1]["Key"]}
+
+    def _stat_untagged(self, prefix: str, bucket: str, start: str, keys: Sequence[str],
+                       what: str) -> dict[str, ObjectInfo]:
+        """The objects a listing named without an ETag (some gateways leave it off), each
+        as a HEAD answers: the ETag pins every read and lets a commit tell an object
+        replaced behind its writer; refused outright, every commit and read of the prefix
+        failed. The HEAD's size and ETag are one version's, a moment after the listing (as
+        a listing taken then). An object gone since is left out, as that listing would."""
+        endpoint = self._endpoint()
+        if endpoint not in self._untagged_listings:
+            self._untagged_listings.add(endpoint)
+            log.warning("%s: %s answers without ETags; durable asks each object's with a "
+                        "HEAD (one request per object listed)", endpoint, what)
+
+        async def stat(key: str, gate: asyncio.Semaphore) -> ObjectInfo | None:
+            path = f"{bucket}/{start}{key}"
+            url = self.url(path)
+            async with gate:
+                try:
+                    resp = await self.fs._call_s3("head_object", Bucket=bucket,
+                                                  Key=f"{start}{key}")
+                except Exception as exc:
+                    err = failure(exc, url, "HEAD of an object listed without an ETag")
+                    if isinstance(err, FileNotFoundError):
+                        return None
+                    raise err from exc
+            try:
+                tag = etag(resp.get("ETag"), url)
+            except IntegrityError as exc:
+                raise IntegrityError(
+                    f"{url}: {what} on {endpoint} lists objects without an ETag, and the "
+                    f"object's HEAD has none either ({resp.get('ETag')!r}): durable pins "
+                    "every read and checks every commit by ETag. Have the store (or the "
+                    "gateway in front of it) send ETags", url=url, expected="an ETag",
+                    found=resp.get("ETag")) from exc
+            return ObjectInfo(path, content_size(resp, url, "HEAD"), tag,
+                              _timestamp(resp.get("LastModified")))
+
+        async def all_of() -> list[ObjectInfo | None]:
+            gate = asyncio.Semaphore(_PROBES_IN_FLIGHT)
+            return await asyncio.gather(*(stat(k, gate) for k in keys))
+
+        found: list[ObjectInfo | None] = sync(self.fs.loop, all_of)
+        return {k: i for k, i in zip(keys, found, strict=True) if i is not None}
 
     def _parse_timestamps_fast(self) -> None:
         """botocore parses every listed object's LastModified with dateutil, 57 us each: a
@@ -581,6 +743,11 @@ class S3Adapter(Adapter):
                           Prefix=f"{key}/" if key else "", MaxKeys=1)
         return bool(resp.get("Contents"))
 
+    def published_before_record(self, info: ObjectInfo) -> bool:
+        # Completed from parts (its ETag counts them): only a multipart upload is
+        # published before its marker.
+        return info.version is not None and MULTIPART_ETAG.fullmatch(info.version) is not None
+
     def open_read(self, path: str, info: ObjectInfo) -> BinaryIO:
         return self._reader(path, info, None, _READ_BUFFER)
 
@@ -590,8 +757,7 @@ class S3Adapter(Adapter):
         bucket, key = self._split(path)
         url = self.url(path)
         try:
-            resp = self._call("get_object", url, "GET", Bucket=bucket, Key=key,
-                              ChecksumMode="ENABLED")
+            resp = self._call_checked("get_object", url, "GET", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return None
         try:
@@ -640,13 +806,13 @@ class S3Adapter(Adapter):
         url = self.url(path)
         end = info.size if end is None else end
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "IfMatch": info.version}
+        what = f"GET from byte {start}"
         if start or end != info.size:
             kwargs["Range"] = f"bytes={start}-{end - 1}"
+            resp = self._call("get_object", url, what, pinned=info.version, **kwargs)
         else:
             # A whole-object GET: botocore checks the body against the store's CRC32C.
-            kwargs["ChecksumMode"] = "ENABLED"
-        resp = self._call("get_object", url, f"GET from byte {start}", pinned=info.version,
-                          **kwargs)
+            resp = self._call_checked("get_object", url, what, pinned=info.version, **kwargs)
         try:
             check_response(resp, url, info, start, end - start)
         except BaseException:
@@ -697,8 +863,8 @@ class S3Adapter(Adapter):
             return
         bucket, key = self._split(path)
         try:
-            head = self._call("head_object", url, "HEAD after write", Bucket=bucket, Key=key,
-                              ChecksumMode="ENABLED")
+            head = self._call_checked("head_object", url, "HEAD after write", Bucket=bucket,
+                                      Key=key)
         except FileNotFoundError:
             raise IntegrityError(f"{url}: written but not found afterwards", url=url) from None
         tag = etag(head.get("ETag"), url)
