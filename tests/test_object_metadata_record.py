@@ -414,12 +414,15 @@ def test_verify_of_a_prefix_of_recorded_objects_verifies_them_as_a_root(
         assert heads == [f"p/{n}" for n in sorted(data)]
     options = s3_bucket.storage_options
     code, doc = _cli("status", prefix, options=options)
-    assert code == 3 and (doc["state"], doc["reason"]) == (
-        "INCOMPLETE", "data present but no commit marker")
-    # A prefix of plain objects only is still one entry, INCOMPLETE.
+    # Not one entry: INCOMPLETE as one, saying what `verify` found inside it.
+    assert code == 3 and doc["state"] == "INCOMPLETE", doc
+    assert doc["reason"].startswith("data present but no commit marker; objects carrying "
+                                    "records of their own are inside it: a root?"), doc
+    # A prefix of plain objects only is still one entry, INCOMPLETE, and no root.
     outside.put("q/plain.bin", b"written by another tool")
     code, doc = _cli("verify", s3_bucket.path("q"), options=options)
     assert code == 3 and doc["state"] == "INCOMPLETE" and "no commit marker" in doc["reason"]
+    assert "a root?" not in doc["reason"]
 
 
 def test_a_durable_fs_write_is_one_put_carrying_its_record(

@@ -257,7 +257,7 @@ def test_a_part_answered_without_an_etag_is_named_and_the_upload_aborted(
     proxy, options = store
     _in_parts(options)
     proxy.add(faults.rewrite_etag("missing", method="PUT", query="partNumber", times=1))
-    with pytest.raises(IntegrityError, match=r"big: UploadPart 1 answered without an ETag"), \
+    with pytest.raises(IntegrityError, match=r"big: UploadPart \d+ answered without an ETag"), \
             atomic_write(s3_bucket.path("big"), storage_options=options) as f:
         f.write(os.urandom(2 * MIN_PART_SIZE + 1000))
     assert "Contents" not in boto.list_objects_v2(Bucket=s3_bucket.name)
