@@ -12,8 +12,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from conftest import Place
 from durable import Entry, IncompleteError, MarkerError, State, atomic_write
 from durable._scan import scan
 from durable.cli import ENV_OPTIONS, cli, merge_storage_options, parse_age
+from durable.testing import faults
 from durable.testing.faults import FaultProxy
 from durable.testing.pytest_plugin import Bucket
 
@@ -968,6 +971,31 @@ def test_a_reader_that_goes_away_keeps_the_exit_code(tmp_path: Path, as_json: bo
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=120) == 3, err
     assert "Traceback" not in err
+
+
+@pytest.mark.s3
+def test_ctrl_c_exits_130_saying_so(s3_bucket: Bucket) -> None:
+    """An operator's Ctrl-C in the middle of a command (here `scan`, its listing stalled at
+    the store) is exit 130, as shells report a command stopped by SIGINT, with one line
+    on stderr: click's "Aborted!" and 1 read as an error of the store to a script."""
+    with Entry(s3_bucket.path("root", "a.zarr"),
+               storage_options=s3_bucket.storage_options).writing() as w:
+        w.write_bytes("zarr.json", b"{}")
+    with FaultProxy(upstream=s3_bucket.storage_options["endpoint_url"]) as proxy:
+        proxy.add(faults.delay(60, method="GET", query="list-type"))
+        options = json.dumps({**s3_bucket.storage_options, "endpoint_url": proxy.url})
+        with subprocess.Popen([sys.executable, "-m", "durable", "scan",
+                               s3_bucket.path("root"), "--storage-options", options],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            deadline = time.monotonic() + 60
+            while not proxy.requests and time.monotonic() < deadline:
+                time.sleep(0.05)  # until the listing is held at the store
+            assert proxy.requests, "the scan never reached the store"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.decode().strip().splitlines()[-1] == "durable: interrupted"
+    assert b"Traceback" not in err and b"Aborted" not in err
 
 
 def test_marker_read_by_scan_matches_status(place: Place) -> None:

@@ -30,19 +30,20 @@ Progress bars go to stderr, only when it is a terminal and never with ``--json``
 
 Exit codes:
 
-== ===================================================================================
-0  COMPLETE (status); every object matches (verify: of one entry, or of at least one
-   entry under a ROOT); the command ran (scan, mark-complete, clean; a dry run included)
-1  an error: a marker that cannot be trusted, an I/O error, anything unexpected
-2  usage error: a bad option or argument (click's)
-3  INCOMPLETE (status, verify of one entry); verify of a ROOT that verified nothing:
-   none of its entries has a commit record; scan with --fail-on-incomplete: some entry
-   not COMPLETE
-4  ABSENT (status, verify of one entry); verify of a ROOT with no entry under it
-5  verify found objects that do not match the manifest
-6  mark-complete --apply / clean --apply: some items failed (each listed with its
-   error); the others were done
-== ===================================================================================
+=== ===================================================================================
+0   COMPLETE (status); every object matches (verify: of one entry, or of at least one
+    entry under a ROOT); the command ran (scan, mark-complete, clean; a dry run included)
+1   an error: a marker that cannot be trusted, an I/O error, anything unexpected
+2   usage error: a bad option or argument (click's)
+3   INCOMPLETE (status, verify of one entry); verify of a ROOT that verified nothing:
+    none of its entries has a commit record; scan with --fail-on-incomplete: some entry
+    not COMPLETE
+4   ABSENT (status, verify of one entry); verify of a ROOT with no entry under it
+5   verify found objects that do not match the manifest
+6   mark-complete --apply / clean --apply: some items failed (each listed with its
+    error); the others were done
+130 interrupted (Ctrl-C): what an --apply had done stays done; a rerun does the rest
+=== ===================================================================================
 
 Errors are one line on stderr, ``durable: error: ...`` (a traceback only with --debug).
 
@@ -177,6 +178,7 @@ EXIT_INCOMPLETE = 3
 EXIT_ABSENT = 4
 EXIT_MISMATCH = 5
 EXIT_PARTIAL = 6
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 ENV_OPTIONS = "DURABLE_STORAGE_OPTIONS"
 
 _STATE_EXIT = {State.COMPLETE: EXIT_OK, State.INCOMPLETE: EXIT_INCOMPLETE,
@@ -192,6 +194,7 @@ Exit codes:
   4  ABSENT (verify ROOT: no entry under it)
   5  verify found mismatches
   6  mark-complete/clean --apply: some items failed (listed); the rest done
+130  interrupted (Ctrl-C)
 \b
 Storage options: DURABLE_STORAGE_OPTIONS (JSON), then --storage-options JSON,
 then -o KEY=VALUE, each overriding the keys of the one before.
@@ -348,6 +351,11 @@ class _Group(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Exit,
                 click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:
+            # click's own answer is "Aborted!" and 1, the code of an error: a script
+            # could not tell an operator's Ctrl-C from a store that failed.
+            click.echo("durable: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except Exception as exc:
             if ctx.meta.get("durable.debug"):
                 raise
