@@ -452,3 +452,18 @@ def test_a_durable_fs_write_is_one_put_carrying_its_record(
     options = s3_bucket.storage_options
     assert durable.read_verified(url, storage_options=options) == data
     assert Entry(url, storage_options=options).state() is State.COMPLETE
+
+
+def test_status_of_an_object_recorded_in_its_metadata_says_no_writer_was_recorded(
+        s3_bucket: Bucket) -> None:
+    """The record in an object's own metadata names no writer (host, pid): `status` said
+    an empty "writer" line, which read as a writer that left no trace."""
+    from click.testing import CliRunner
+
+    options = s3_bucket.storage_options
+    url = s3_bucket.path("d", "obj.bin")
+    _write(url, b"weights", options)
+    result = CliRunner().invoke(cli, ["status", url], env={ENV_OPTIONS: json.dumps(options)})
+    assert result.exit_code == 0, result.output
+    writer = [line for line in result.stdout.splitlines() if line.startswith("writer")]
+    assert writer and writer[0].split(None, 1)[1] == "not recorded", result.stdout

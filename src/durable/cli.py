@@ -579,7 +579,10 @@ def status(ctx: click.Context, url: str, as_json: bool) -> None:
             lines.append(("entry", _text(doc["entry"])))
         lines += [("state", _state_text(doc["state"])), ("reason", _text(doc["reason"]))]
         if (m := doc["marker"]) is not None:
-            writer = " ".join(f"{k}={v}" for k, v in m["writer"].items())
+            # A record kept in an object's own metadata names no writer: an empty line
+            # read as a writer that left no trace.
+            writer = (" ".join(f"{k}={v}" for k, v in m["writer"].items())
+                      or "not recorded")
             lines += [(label, _text(value)) for label, value in (
                 ("attempt", m["attempt"]), ("committed_at", m["committed_at"]),
                 ("writer", writer), ("kind", m["kind"]), ("objects", str(m["objects"])),
