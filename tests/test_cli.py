@@ -492,17 +492,29 @@ def test_corrupt_marker_is_one_line_error_and_debug_shows_it(place: Place) -> No
     assert isinstance(debug.exception, MarkerError)
 
 
+@pytest.mark.parametrize("empty", [False, True], ids=["holding a file", "empty"])
 def test_a_directory_at_the_markers_path_is_an_error_row_never_cleaned(
-        tmp_path: os.PathLike[str]) -> None:
+        tmp_path: os.PathLike[str], empty: bool) -> None:
+    """An empty one too, which no listing shows: it read as "no commit marker", and
+    mark-complete planned to adopt the data that `status` calls an error."""
     place = Place("file", os.path.realpath(tmp_path))
     entry = write_entry(place.url("e"), GOOD)
-    os.remove(os.path.join(place.root, ".durable", "e", "commit.json"))
-    place.write(".durable/e/commit.json/x", b"what a tool left")
+    marker = os.path.join(place.root, ".durable", "e", "commit.json")
+    os.remove(marker)
+    if empty:
+        shutil.rmtree(os.path.join(place.root, ".durable", "e"))
+        os.makedirs(marker)
+    else:
+        place.write(".durable/e/commit.json/x", b"what a tool left")
     rows = {r.url: r for r in scan(place.url())}
     row = rows[entry.url]
     assert row.state == "ERROR" and "commit.json is a directory, not a file" in row.reason
     cleaned = as_json(run("clean", place.url(), "--older-than", "0s", "--apply", "--json"))
     assert cleaned["items"] == []
+    planned = as_json(run("mark-complete", place.url(), "--json"))
+    assert planned["entries"] == []  # nothing adopted over it
+    if empty:
+        assert [s["url"] for s in planned["skipped"]] == [entry.url]
     assert all(place.read(f"e/{k}") == v for k, v in GOOD.items())
 
 

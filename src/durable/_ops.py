@@ -360,6 +360,12 @@ def mark_complete_root(sv: Survey, *, apply: bool, workers: int = _WORKERS,
                                         + (f": {odd}" if odd else "; see `durable status`")))
         elif f.recorded:
             skipped.append(Skipped(url, _holds_recorded(sv, f)))
+        elif sv.adapter.capabilities.in_process and sv.adapter.exists(sv.layout(key).marker):
+            # An empty directory where the marker belongs (no listing shows one): the
+            # adoption's marker write failed on it; `status` calls it an error.
+            skipped.append(Skipped(url, "something that is no marker (an empty directory?) "
+                                        "stands where its commit marker belongs; see "
+                                        "`durable status`"))
         elif not f.objects:
             skipped.append(Skipped(url, "no data"))
         elif (why := _carries_own_record(sv, key)) is not None:

@@ -493,6 +493,15 @@ def read_records(sv: Survey, keys: Iterable[str], *, markers: bool = True,
             linked = Entry(sv.entry_path(key), adapter=sv.adapter).linked_records()
             if linked is not None and sv.adapter.exists(sv.layout(key).marker):
                 out[key].marker = f"{MarkerError.__name__}: {linked}"
+            elif (linked is None and sv.adapter.capabilities.in_process
+                  and sv.adapter.exists(sv.layout(key).marker)):
+                # An empty directory where the marker belongs, which no listing shows:
+                # read as "no commit marker", mark-complete planned to adopt the data
+                # that `status` calls an error. A stat on a disk or in memory.
+                try:
+                    Entry(sv.entry_path(key), adapter=sv.adapter).read_marker()
+                except MarkerError as exc:
+                    out[key].marker = f"{MarkerError.__name__}: {exc}"
     if not jobs:
         return out
 
